@@ -1,0 +1,69 @@
+/* amqp_frame.h - protocol header and frames of AMQP 0-9-1.
+ *
+ * Parsing never copies: a parsed frame's payload is a view into the input,
+ * valid while the caller keeps that input unchanged.
+ */
+#ifndef AMQP_FRAME_H
+#define AMQP_FRAME_H
+
+#include "amqp_status.h"
+#include "amqp_wire.h"
+
+#define AMQP_FRAME_METHOD 1
+#define AMQP_FRAME_HEADER 2
+#define AMQP_FRAME_BODY 3
+#define AMQP_FRAME_HEARTBEAT 8
+
+#define AMQP_FRAME_END 0xCE
+/* type (1) + channel (2) + size (4) before the payload, frame-end after. */
+#define AMQP_FRAME_OVERHEAD 8
+#define AMQP_FRAME_HEADER_SIZE 7
+/* Smallest frame-max a peer may negotiate, and the limit before tuning. */
+#define AMQP_FRAME_MIN_SIZE 4096
+#define AMQP_PROTOCOL_HEADER_SIZE 8
+
+extern const uint8_t amqp_protocol_header[AMQP_PROTOCOL_HEADER_SIZE];
+
+typedef struct amqp_frame {
+  uint8_t type;
+  uint16_t channel;
+  amqp_bytes payload; /* view into the parsed buffer */
+} amqp_frame;
+
+/* Check the start of a connection for "AMQP\0\0\x09\x01".
+ * Returns AMQP_PROTOCOL_HEADER_SIZE when `buf` starts with it, AMQP_PARTIAL
+ * while the bytes so far are a prefix of it, AMQP_BAD_PROTOCOL_HEADER as
+ * soon as they differ. */
+long amqp_protocol_header_parse(const uint8_t *buf, size_t len);
+
+/* Describe what a peer sent instead of the protocol header, for a log line:
+ * e.g. "AMQP 1.0.0.0", "\"GET / HT\"" or "16 03 01 02 00 01 00 01" (TLS).
+ * Writes a NUL-terminated string of at most `cap` bytes; returns `out`. */
+char *amqp_protocol_header_describe(const uint8_t *buf, size_t len, char *out,
+                                    size_t cap);
+
+/* Parse one frame from the start of `buf`.
+ * `frame_max` bounds the whole frame (payload + 8), as negotiated in
+ * connection.tune; 0 means no bound.
+ * Returns the bytes the frame occupies (> 0) and fills `*f`; AMQP_PARTIAL
+ * when `buf` holds only part of a frame (nothing is consumed: call again
+ * with more bytes); or a negative error: AMQP_FRAME_TOO_LARGE (known from
+ * the first 7 bytes), AMQP_UNKNOWN_FRAME_TYPE, AMQP_BAD_FRAME_END,
+ * AMQP_BAD_HEARTBEAT, AMQP_SHORT_PAYLOAD (a method payload under 4 bytes or
+ * a content header under 14). */
+long amqp_frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
+                      amqp_frame *f);
+
+/* Frame writing: amqp_frame_begin() writes the 7-byte frame header with a
+ * placeholder size and returns its position; the caller writes the payload
+ * with the same writer; amqp_frame_finish() back-patches the size and
+ * appends the frame-end. Failure is the writer's sticky flag. */
+size_t amqp_frame_begin(amqp_writer *w, uint8_t type, uint16_t channel);
+void amqp_frame_finish(amqp_writer *w, size_t start);
+
+/* A whole frame with the given payload. Returns bytes written or
+ * AMQP_NO_SPACE. */
+long amqp_frame_write(uint8_t *buf, size_t cap, uint8_t type, uint16_t channel,
+                      amqp_bytes payload);
+
+#endif
