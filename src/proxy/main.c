@@ -15,8 +15,9 @@ static void print_usage(FILE *out) {
         "retry, and dead-letters a message after max_attempts.\n"
         "\n"
         "Options:\n"
-        "  -h, --help       show this help and exit\n"
-        "  -V, --version    show the version and the libraries in use\n",
+        "  --upstream HOST:PORT  the RabbitMQ to proxy to\n"
+        "  -h, --help            show this help and exit\n"
+        "  -V, --version         show the version and the libraries in use\n",
         out);
 }
 
@@ -28,7 +29,12 @@ static void print_version(void) {
 }
 
 int main(int argc, char **argv) {
+  const char *upstream = "127.0.0.1:5672";
   for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--upstream") == 0 && i + 1 < argc) {
+      upstream = argv[++i];
+      continue;
+    }
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       print_usage(stdout);
       return 0;
@@ -41,8 +47,9 @@ int main(int argc, char **argv) {
     print_usage(stderr);
     return 2;
   }
-  fputs("rebound: the proxy is not built yet; only --help and --version "
-        "work in this version\n",
-        stderr);
+  fprintf(stderr,
+          "rebound: this version has the AMQP codec only; proxying to %s "
+          "is not available yet (only --help and --version work)\n",
+          upstream);
   return 1;
 }

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# Private RabbitMQ node for tests (Debian's rabbitmq-server, run as root).
+#
+#   scripts/broker.sh start DIR   start (or reuse) a node whose state lives in DIR;
+#                                 last stdout line: REBOUND_TEST_BROKER=amqp://...
+#   scripts/broker.sh stop DIR    stop it (idempotent)
+#
+# Files in DIR: env (sourceable: RABBITMQ_* for rabbitmqctl + REBOUND_TEST_BROKER),
+# url, rabbitmqctl (wrapper that sources env), rabbitmq.conf, enabled_plugins (empty),
+# cookie, launcher.pid (process group of the node), rabbitmq.pid (beam), log/, mnesia/.
+#
+# The node is named rebound-test-<amqp port>@localhost (short name, resolves through
+# /etc/hosts, independent of the machine's hostname), listens on 127.0.0.1 only and
+# uses a private Erlang cookie passed with -setcookie, so neither $HOME nor
+# /root/.erlang.cookie nor /var/lib/rabbitmq is read or written.
+set -euo pipefail
+
+RMQ_BIN=/usr/lib/rabbitmq/bin
+PY=$(command -v /usr/bin/python3 || command -v python3)
+START_TIMEOUT=${REBOUND_BROKER_START_TIMEOUT:-90}
+STOP_TIMEOUT=${REBOUND_BROKER_STOP_TIMEOUT:-30}
+
+die() { echo "broker.sh: $*" >&2; exit 1; }
+log() { echo "broker.sh: $*" >&2; }
+
+usage() { die "usage: $0 start|stop DIR"; }
+[ $# -eq 2 ] || usage
+cmd=$1
+
+# --- small helpers -------------------------------------------------------------
+
+# port_free PORT: true if nothing listens on 127.0.0.1:PORT (bind test, like Erlang's
+# listener: SO_REUSEADDR so TIME_WAIT leftovers do not count as busy).
+port_free() {
+    "$PY" - "$1" <<'EOF'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+EOF
+}
+
+# free_port: an ephemeral port that is free now; avoids epmd (4369) and the port range
+# rabbitmqctl itself listens on (35672-35682).
+free_port() {
+    "$PY" - <<'EOF'
+import socket
+while True:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    if not (35672 <= p <= 35682 or p == 4369):
+        print(p)
+        break
+EOF
+}
+
+# amqp_ok PORT: true if the broker answers the 0-9-1 protocol header with
+# connection.start (it only listens once fully booted).
+amqp_ok() {
+    "$PY" - "$1" <<'EOF'
+import socket, struct, sys
+try:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    buf = b""
+    while len(buf) < 11:
+        chunk = s.recv(64)
+        if not chunk:
+            sys.exit(1)
+        buf += chunk
+    s.close()
+    ftype, chan, _size, cls, meth = struct.unpack(">BHIHH", buf[:11])
+    sys.exit(0 if (ftype, chan, cls, meth) == (1, 0, 10, 10) else 1)
+except OSError:
+    sys.exit(1)
+EOF
+}
+
+# alive PID: PID runs and is one of ours (rabbitmq-server script or its beam), so a
+# recycled pid from a stale pid file is never mistaken for the node.
+alive() {
+    [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null &&
+        tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q rabbit
+}
+
+readpid() { [ -s "$1" ] && tr -dc '0-9' <"$1" || true; }
+
+# --- main ----------------------------------------------------------------------
+
+mkdir -p "$2"
+DIR=$(cd "$2" && pwd)
+ENV_FILE=$DIR/env
+
+# Stop everything recorded in DIR. Safe to call when nothing runs.
+do_stop() {
+    [ -f "$ENV_FILE" ] || return 0
+    local lpid bpid i
+    lpid=$(readpid "$DIR/launcher.pid")
+    bpid=$(readpid "$DIR/rabbitmq.pid")
+    if alive "$bpid" || alive "$lpid"; then
+        # Graceful: the node deregisters from epmd and flushes mnesia.
+        ( set +u; . "$ENV_FILE"; HOME=$DIR/home \
+            timeout "$STOP_TIMEOUT" "$RMQ_BIN/rabbitmqctl" stop >/dev/null 2>&1 9>&- ) \
+            || log "rabbitmqctl stop failed, killing"
+        for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
+            alive "$bpid" || alive "$lpid" || break
+            sleep 0.2
+        done
+        # Still there: TERM then KILL the whole process group (launcher is a setsid leader).
+        if alive "$lpid" || alive "$bpid"; then
+            [ -n "$lpid" ] && kill -TERM -- "-$lpid" 2>/dev/null || true
+            [ -n "$bpid" ] && kill -TERM "$bpid" 2>/dev/null || true
+            sleep 3
+            [ -n "$lpid" ] && kill -KILL -- "-$lpid" 2>/dev/null || true
+            [ -n "$bpid" ] && kill -KILL "$bpid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$DIR/launcher.pid" "$DIR/rabbitmq.pid"
+    # epmd drops a registration when the node's socket closes; check it is gone.
+    local name
+    name=$(set +u; . "$ENV_FILE"; echo "${RABBITMQ_NODENAME%@*}")
+    for ((i = 0; i < 25; i++)); do
+        epmd -names 2>/dev/null | grep -q "^name $name " || return 0
+        sleep 0.2
+    done
+    log "warning: $name still registered in epmd"
+}
+
+do_start() {
+    local lpid bpid port dist cookie node i
+    # Reuse a node already running for DIR (or wait for one that is booting).
+    if [ -f "$ENV_FILE" ]; then
+        port=$(set +u; . "$ENV_FILE"; echo "$RABBITMQ_NODE_PORT")
+        lpid=$(readpid "$DIR/launcher.pid")
+        bpid=$(readpid "$DIR/rabbitmq.pid")
+        if alive "$lpid" || alive "$bpid"; then
+            if amqp_ok "$port"; then
+                log "reusing running node in $DIR"
+                report "$port"
+                return 0
+            fi
+            log "node in $DIR is running but not answering yet; waiting"
+            wait_up "$port" "$lpid" && { report "$port"; return 0; }
+            log "restarting it"
+        fi
+        do_stop
+    fi
+
+    # AMQP port: the previous one for DIR if free (same node name, keeps its data),
+    # else 5672 if free, else any free port.
+    port=${port:-5672}
+    if ! port_free "$port"; then
+        port=5672
+        port_free "$port" || port=$(free_port)
+    fi
+    dist=$(free_port)
+    while [ "$dist" = "$port" ]; do dist=$(free_port); done
+    node=rebound-test-$port@localhost
+    if [ -s "$DIR/cookie" ]; then
+        cookie=$(cat "$DIR/cookie")
+    else
+        cookie=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr 'a-f' 'A-F')
+        (umask 077; echo "$cookie" >"$DIR/cookie")
+    fi
+
+    mkdir -p "$DIR/log" "$DIR/mnesia" "$DIR/home"
+    : >"$DIR/enabled_plugins"          # no plugins at all
+    : >"$DIR/rabbitmq-env.conf"        # ignore /etc/rabbitmq/rabbitmq-env.conf
+    cat >"$DIR/rabbitmq.conf" <<'EOF'
+# private test node (scripts/broker.sh); listener/port come from the environment
+loopback_users.guest = true
+# default would be <node>@<machine hostname>: keep connection.start host-independent
+cluster_name = rebound-test
+log.console = false
+log.file.level = info
+EOF
+
+    # Everything rabbitmq-server and rabbitmqctl need; sourceable by tests.
+    cat >"$ENV_FILE" <<EOF
+# generated by scripts/broker.sh; source before running $RMQ_BIN/rabbitmqctl
+export RABBITMQ_NODENAME=$node
+export RABBITMQ_USE_LONGNAME=false
+export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+export RABBITMQ_NODE_PORT=$port
+export RABBITMQ_DIST_PORT=$dist
+export RABBITMQ_MNESIA_BASE=$DIR/mnesia
+export RABBITMQ_LOG_BASE=$DIR/log
+export RABBITMQ_PID_FILE=$DIR/rabbitmq.pid
+export RABBITMQ_ENABLED_PLUGINS_FILE=$DIR/enabled_plugins
+export RABBITMQ_CONFIG_FILE=$DIR/rabbitmq.conf
+export RABBITMQ_ADVANCED_CONFIG_FILE=$DIR/advanced.config
+export RABBITMQ_CONF_ENV_FILE=$DIR/rabbitmq-env.conf
+export RABBITMQ_CTL_ERL_ARGS="-setcookie $cookie"
+export ERL_EPMD_ADDRESS=127.0.0.1
+export REBOUND_TEST_BROKER=amqp://guest:guest@127.0.0.1:$port/
+# Same with the vhost spelled out: bunny and librabbitmq read a bare trailing "/" as
+# vhost "" (pika and kombu read it as "/").
+export REBOUND_TEST_BROKER_VHOST_URL=amqp://guest:guest@127.0.0.1:$port/%2F
+EOF
+    echo "amqp://guest:guest@127.0.0.1:$port/" >"$DIR/url"
+    cat >"$DIR/rabbitmqctl" <<EOF
+#!/bin/sh
+# rabbitmqctl against the private node in $DIR
+. "$ENV_FILE"
+HOME="$DIR/home" exec $RMQ_BIN/rabbitmqctl "\$@"
+EOF
+    chmod +x "$DIR/rabbitmqctl"
+    rm -f "$DIR/rabbitmq.pid"
+
+    # Launch detached in its own session/process group; the rabbitmq-server script
+    # stays as parent of beam.smp and turns SIGTERM into a clean shutdown.
+    (
+        set +u
+        . "$ENV_FILE"
+        export HOME=$DIR/home ERL_CRASH_DUMP=$DIR/log/erl_crash.dump
+        export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-setcookie $cookie -kernel inet_dist_use_interface {127,0,0,1}"
+        cd "$DIR"
+        exec 9>&-   # the node must not hold the DIR lock
+        exec setsid nohup "$RMQ_BIN/rabbitmq-server" \
+            >>"$DIR/log/startup.log" 2>&1 </dev/null
+    ) &
+    lpid=$!
+    echo "$lpid" >"$DIR/launcher.pid"
+    log "starting $node (amqp $port, dist $dist), state in $DIR"
+
+    if ! wait_up "$port" "$lpid"; then
+        log "broker did not come up within ${START_TIMEOUT}s; log tail:"
+        tail -n 40 "$DIR"/log/*.log >&2 || true
+        do_stop
+        exit 1
+    fi
+    report "$port"
+}
+
+# wait_up PORT LAUNCHER_PID: poll until AMQP answers; fail early if the node died.
+wait_up() {
+    local i
+    for ((i = 0; i < START_TIMEOUT * 4; i++)); do
+        amqp_ok "$1" && return 0
+        if ! alive "$2"; then
+            log "broker process exited"
+            return 1
+        fi
+        sleep 0.25
+    done
+    return 1
+}
+
+report() {
+    echo "REBOUND_TEST_BROKER=amqp://guest:guest@127.0.0.1:$1/"
+}
+
+# One start/stop at a time per DIR (parallel test jobs may share it).
+exec 9>"$DIR/.lock"
+flock -w 180 9 || die "timed out waiting for the lock on $DIR"
+
+case $cmd in
+    start) do_start ;;
+    stop) do_stop ;;
+    *) usage ;;
+esac
