@@ -10,7 +10,8 @@ build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
             libyaml-dev node-llhttp)
 run_pkgs=(rabbitmq-server python3)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
-           python3-kombu amqp-tools librabbitmq-dev ruby-bunny valgrind)
+           python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
+           valgrind haproxy)
 
 pkgs=("${build_pkgs[@]}" "${run_pkgs[@]}")
 [ "${1:-}" = "--run" ] || pkgs+=("${test_pkgs[@]}")

@@ -2,24 +2,17 @@
  * delayed, counted retries. */
 #include <llhttp.h>
 #include <openssl/opensslv.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 #include <yaml.h>
 
-static void print_usage(FILE *out) {
-  fputs("Usage: rebound [OPTIONS]\n"
-        "\n"
-        "A transparent AMQP 0-9-1 proxy in front of RabbitMQ that turns\n"
-        "basic.nack/basic.reject with requeue=true into a delayed, counted\n"
-        "retry, and dead-letters a message after max_attempts.\n"
-        "\n"
-        "Options:\n"
-        "  --upstream HOST:PORT  the RabbitMQ to proxy to\n"
-        "  -h, --help            show this help and exit\n"
-        "  -V, --version         show the version and the libraries in use\n",
-        out);
-}
+#include "px_buf.h"
+#include "px_config.h"
+#include "px_log.h"
+#include "px_server.h"
 
 static void print_version(void) {
   printf("rebound %s (libuv %s, %s, llhttp %d.%d.%d, libyaml %s)\n",
@@ -28,28 +21,51 @@ static void print_version(void) {
          yaml_get_version_string());
 }
 
+static const char *env_get(const char *name) {
+  return getenv(name);
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
 int main(int argc, char **argv) {
-  const char *upstream = "127.0.0.1:5672";
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--upstream") == 0 && i + 1 < argc) {
-      upstream = argv[++i];
-      continue;
-    }
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      print_usage(stdout);
-      return 0;
-    }
-    if (strcmp(argv[i], "-V") == 0 || strcmp(argv[i], "--version") == 0) {
-      print_version();
-      return 0;
-    }
-    fprintf(stderr, "rebound: unknown option '%s'\n", argv[i]);
-    print_usage(stderr);
+  px_config cfg;
+  char err[512];
+  uv_loop_t loop;
+  px_server srv;
+
+  switch (px_config_load(&cfg, argc, argv, env_get, err, sizeof err)) {
+  case PX_CONFIG_HELP:
+    px_config_usage(stdout);
+    return 0;
+  case PX_CONFIG_VERSION:
+    print_version();
+    return 0;
+  case PX_CONFIG_ERROR:
+    fprintf(stderr, "rebound: %s\n", err);
     return 2;
+  case PX_CONFIG_OK:
+    break;
   }
-  fprintf(stderr,
-          "rebound: this version has the AMQP codec only; proxying to %s "
-          "is not available yet (only --help and --version work)\n",
-          upstream);
-  return 1;
+  px_log_set_level(cfg.log_level);
+  signal(SIGPIPE, SIG_IGN);
+  if (uv_loop_init(&loop) != 0)
+    return 1;
+  if (px_server_start(&srv, &loop, &cfg) != 0)
+    return 1;
+  uv_run(&loop, UV_RUN_DEFAULT);
+
+  /* drained (or stopped): close what is left and let callbacks finish */
+  uv_walk(&loop, close_walk, NULL);
+  while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
+    ;
+  if (uv_loop_close(&loop) != 0)
+    px_warn("exit", "%s", "reason=\"handles left open\"");
+  px_chunk_pool_drain();
+  px_info("exit", "sessions_total=%llu",
+          (unsigned long long)srv.stats.sessions_total);
+  return 0;
 }

@@ -1,0 +1,77 @@
+/* px_chan.h - per-channel state of a session and the tables that find it.
+ *
+ * Channels are found by the client's number and by the upstream number
+ * they travel on. Both are the same except for a channel that had to move
+ * because rebound's own channel holds its number (DESIGN.md, contract
+ * item 2); only such frames get their channel field rewritten.
+ */
+#ifndef PX_CHAN_H
+#define PX_CHAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "px_buf.h"
+
+typedef enum px_chan_state {
+  PX_CH_OPENING,       /* client sent channel.open */
+  PX_CH_OPEN,          /* broker answered open-ok */
+  PX_CH_CLOSING,       /* client sent channel.close */
+  PX_CH_SERVER_CLOSED, /* broker sent channel.close */
+} px_chan_state;
+
+/* What a channel's next frame in one direction must be. */
+typedef enum px_content {
+  PX_CONTENT_NONE,   /* a method */
+  PX_CONTENT_HEADER, /* after a content method */
+  PX_CONTENT_BODY,   /* after a header with a non-zero body size */
+} px_content;
+
+typedef struct px_chan {
+  uint16_t client_ch;
+  uint16_t up_ch;
+  uint8_t state;     /* px_chan_state */
+  uint8_t c2u;       /* px_content, client -> upstream */
+  uint8_t u2c;       /* px_content, upstream -> client */
+  bool held;         /* frames wait in `hold` (client -> upstream) */
+  uint64_t c2u_left; /* body bytes still due */
+  uint64_t u2c_left;
+  px_slice *hold; /* client frames held back, in order */
+  uint32_t nhold, cap_hold;
+  uint64_t held_bytes;
+} px_chan;
+
+const char *px_chan_state_name(int state);
+
+/* A two-level table from a channel number (1..max) to a px_chan. Empty
+ * until px_tab_init(); blocks of 64 entries are allocated on first use, so
+ * a connection with a few channels costs a few hundred bytes. */
+typedef struct px_tab {
+  px_chan ***blocks;
+  uint32_t nblocks;
+  uint16_t max;
+} px_tab;
+
+/* Size the table for channels 1..max. Returns 0 or -1 (no memory). */
+int px_tab_init(px_tab *t, uint16_t max);
+void px_tab_free(px_tab *t);
+
+static inline px_chan *px_tab_get(const px_tab *t, uint16_t ch) {
+  uint32_t b = ch >> 6;
+  if (ch == 0 || ch > t->max || !t->blocks[b])
+    return 0;
+  return t->blocks[b][ch & 63];
+}
+
+/* Set (or, with NULL, clear) an entry. Returns 0, or -1 when `ch` is out of
+ * range or memory is short. */
+int px_tab_set(px_tab *t, uint16_t ch, px_chan *c);
+
+/* Append a slice (taking over its chunk reference) to a channel's held
+ * frames. Returns 0 or -1 (no memory: the reference is dropped). */
+int px_chan_hold(px_chan *c, px_slice s);
+
+/* Drop every held frame (on close). */
+void px_chan_drop_held(px_chan *c);
+
+#endif

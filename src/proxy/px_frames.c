@@ -1,0 +1,511 @@
+/* px_frames.c - what each frame means to a session.
+ *
+ * Most frames are forwarded as they are. The handlers here only look at
+ * the few that change a session's state: the handshake (what was
+ * negotiated, who logged in), channel open/close (the channel tables and
+ * the moving of a channel that collides with rebound's own), content
+ * framing (method, header, bodies in order per channel), and everything on
+ * rebound's own channel, which the client never sees.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_session_int.h"
+
+/* Upper bound on frame-max when a peer negotiates 0 ("no limit"). */
+#define PX_FRAME_MAX_CAP (4u * 1024 * 1024)
+/* Consecutive failures of rebound's channel before it stops reopening. */
+#define PX_OWN_MAX_FAILURES 3
+
+static bool own_active(const px_session *s) {
+  return s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
+         s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING;
+}
+
+/* Is upstream channel `n` unused, by the client and by rebound? */
+static bool up_free(const px_session *s, uint32_t n) {
+  return !(n == s->own_ch && own_active(s)) &&
+         !px_tab_get(&s->by_up, (uint16_t)n);
+}
+
+/* A free upstream number, searching down from channel-max; numbers the
+ * client has not opened first. 0 when there is none. */
+static uint16_t find_free_up(const px_session *s) {
+  for (int pass = 0; pass < 2; pass++)
+    for (uint32_t n = s->channel_max; n >= 1; n--)
+      if (up_free(s, n) &&
+          (pass == 1 || !px_tab_get(&s->by_client, (uint16_t)n)))
+        return (uint16_t)n;
+  return 0;
+}
+
+static int client_error(px_session *s, uint16_t code, const char *text,
+                        uint32_t id) {
+  s->srv->stats.protocol_errors++;
+  px_warn("protocol_error", "id=%llu peer=%s side=client code=%u error=\"%s\"",
+          (unsigned long long)s->id, s->peer, (unsigned)code, text);
+  px__close_client(s, code, text, AMQP_METHOD_CLASS(id), AMQP_METHOD_INDEX(id));
+  return PX_STOP;
+}
+
+/* ---- rebound's own channel ---------------------------------------------- */
+
+static void own_open(px_session *s) {
+  amqp_method m;
+  uint16_t n = 0;
+  for (uint32_t k = s->channel_max; k >= 1 && !n; k--)
+    if (!px_tab_get(&s->by_up, (uint16_t)k) &&
+        !px_tab_get(&s->by_client, (uint16_t)k))
+      n = (uint16_t)k;
+  if (!n) {
+    s->own_state = PX_OWN_YIELDED;
+    s->own_ch = 0;
+    return;
+  }
+  s->own_ch = n;
+  s->own_state = PX_OWN_OPENING;
+  amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+  px__emit_method(s, &s->upstream, n, &m);
+}
+
+static void own_yield_now(px_session *s) {
+  amqp_method m;
+  amqp_method_init(&m, AMQP_CHANNEL_CLOSE);
+  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u = 200;
+  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b =
+      amqp_cstr("rebound yields this channel");
+  px__emit_method(s, &s->upstream, s->own_ch, &m);
+  s->own_state = PX_OWN_CLOSING;
+  s->yield_requested = false;
+}
+
+/* rebound's channel is gone: its number goes to the waiting client
+ * channel, whose held frames are released. */
+static void own_handover(px_session *s) {
+  uint16_t n = s->own_ch;
+  px_chan *c = px_tab_get(&s->by_client, s->yield_waiter);
+  s->own_state = PX_OWN_YIELDED;
+  s->own_ch = 0;
+  s->yield_waiter = 0;
+  s->srv->stats.own_channel_yields++;
+  px_info("own_channel_yielded",
+          "id=%llu peer=%s channel=%u reason=\"client opened every channel\"",
+          (unsigned long long)s->id, s->peer, (unsigned)n);
+  if (!c)
+    return;
+  c->up_ch = n;
+  px_tab_set(&s->by_up, n, c);
+  px__release_held(s, c);
+}
+
+static int own_frame(px_session *s, const amqp_frame *f) {
+  amqp_method m;
+  if (f->type != AMQP_FRAME_METHOD)
+    return PX_DROP; /* content of a basic.return to rebound */
+  int rc = amqp_method_decode(f->payload, &m);
+  if (rc != AMQP_OK) {
+    px_warn("own_channel_bad_frame", "id=%llu error=\"%s\"",
+            (unsigned long long)s->id, amqp_status_str(rc));
+    return PX_DROP;
+  }
+  switch (m.id) {
+  case AMQP_CHANNEL_OPEN_OK:
+    s->own_state = PX_OWN_SELECTING;
+    amqp_method_init(&m, AMQP_CONFIRM_SELECT);
+    px__emit_method(s, &s->upstream, s->own_ch, &m);
+    break;
+  case AMQP_CONFIRM_SELECT_OK:
+    s->own_state = PX_OWN_READY;
+    s->own_failures = 0;
+    px_debug("own_channel_ready", "id=%llu channel=%u",
+             (unsigned long long)s->id, (unsigned)s->own_ch);
+    if (s->yield_requested)
+      own_yield_now(s);
+    break;
+  case AMQP_CHANNEL_CLOSE: {
+    amqp_bytes text = m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
+    s->srv->stats.own_channel_errors++;
+    px_warn("own_channel_closed",
+            "id=%llu peer=%s channel=%u code=%u text=\"%.*s\"",
+            (unsigned long long)s->id, s->peer, (unsigned)s->own_ch,
+            (unsigned)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u, (int)text.len,
+            (const char *)text.ptr);
+    amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
+    px__emit_method(s, &s->upstream, s->own_ch, &m);
+    if (s->own_state == PX_OWN_CLOSING || s->yield_requested) {
+      own_handover(s);
+      break;
+    }
+    s->own_state = PX_OWN_NONE;
+    if (++s->own_failures < PX_OWN_MAX_FAILURES)
+      own_open(s);
+    break;
+  }
+  case AMQP_CHANNEL_CLOSE_OK:
+    own_handover(s);
+    break;
+  default:
+    break; /* confirms and returns for rebound's publishes */
+  }
+  return PX_DROP;
+}
+
+/* ---- channels ----------------------------------------------------------- */
+
+static void chan_release(px_session *s, px_chan *c) {
+  px_tab_set(&s->by_client, c->client_ch, NULL);
+  if (c->up_ch && px_tab_get(&s->by_up, c->up_ch) == c)
+    px_tab_set(&s->by_up, c->up_ch, NULL);
+  px_chan_drop_held(c);
+  free(c);
+  s->nchans--;
+  if (s->own_state == PX_OWN_YIELDED && s->state == PX_S_OPEN &&
+      !s->proxy_closing)
+    own_open(s);
+}
+
+void px__chans_free(px_session *s) {
+  for (uint32_t b = 0; s->by_client.blocks && b < s->by_client.nblocks; b++)
+    for (int i = 0; s->by_client.blocks[b] && i < 64; i++) {
+      px_chan *c = s->by_client.blocks[b][i];
+      if (c) {
+        px_chan_drop_held(c);
+        free(c);
+      }
+    }
+  px_tab_free(&s->by_client);
+  px_tab_free(&s->by_up);
+}
+
+static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
+                               px_chan **hold_chan) {
+  if (s->state != PX_S_OPEN || ch > s->channel_max ||
+      px_tab_get(&s->by_client, ch))
+    return PX_FORWARD; /* the broker answers that */
+  px_chan *c = calloc(1, sizeof *c);
+  if (!c)
+    return client_error(s, 541, "INTERNAL_ERROR - out of memory",
+                        AMQP_CHANNEL_OPEN);
+  c->client_ch = ch;
+  c->state = PX_CH_OPENING;
+  uint16_t up = up_free(s, ch) ? ch : find_free_up(s);
+  if (up) {
+    c->up_ch = up;
+    px_tab_set(&s->by_client, ch, c);
+    px_tab_set(&s->by_up, up, c);
+    s->nchans++;
+    if (up != ch) {
+      s->srv->stats.channel_remaps++;
+      px__set_channel(raw, up);
+      px_debug("channel_mapped",
+               "id=%llu client_channel=%u upstream_channel=%u",
+               (unsigned long long)s->id, (unsigned)ch, (unsigned)up);
+    }
+    return PX_FORWARD;
+  }
+  if (!own_active(s) || s->yield_waiter) {
+    free(c); /* no number left at all: the broker decides */
+    return PX_FORWARD;
+  }
+  /* Every number is taken: rebound gives its own up, the client's
+   * channel waits (held) until the broker confirms the close. */
+  c->held = true;
+  px_tab_set(&s->by_client, ch, c);
+  s->nchans++;
+  s->yield_waiter = ch;
+  if (s->own_state == PX_OWN_READY)
+    own_yield_now(s);
+  else if (s->own_state != PX_OWN_CLOSING)
+    s->yield_requested = true;
+  *hold_chan = c;
+  return PX_HOLD;
+}
+
+static void record_user(px_session *s, const amqp_method *m) {
+  amqp_bytes mech = m->args[AMQP_F_CONNECTION_START_OK_MECHANISM].b;
+  amqp_bytes resp = m->args[AMQP_F_CONNECTION_START_OK_RESPONSE].b;
+  amqp_bytes user = {NULL, 0};
+  amqp_field v;
+
+  if (amqp_bytes_eq(mech, amqp_cstr("PLAIN"))) {
+    /* authzid NUL authcid NUL password: only authcid is kept */
+    const uint8_t *a = memchr(resp.ptr, 0, resp.len);
+    if (a) {
+      const uint8_t *b =
+          memchr(a + 1, 0, resp.len - (size_t)(a + 1 - resp.ptr));
+      if (b)
+        user = (amqp_bytes){a + 1, (size_t)(b - a - 1)};
+    }
+  } else if (amqp_bytes_eq(mech, amqp_cstr("AMQPLAIN"))) {
+    if (amqp_table_get(resp, amqp_cstr("LOGIN"), &v) == AMQP_OK &&
+        v.type == 'S')
+      user = v.v.bytes;
+  } else {
+    snprintf(s->user, sizeof s->user, "(%.*s)",
+             (int)(mech.len > 60 ? 60 : mech.len), (const char *)mech.ptr);
+    return;
+  }
+  snprintf(s->user, sizeof s->user, "%.*s",
+           (int)(user.len > 100 ? 100 : user.len),
+           user.ptr ? (const char *)user.ptr : "");
+}
+
+static int client_tune_ok(px_session *s, const amqp_method *m) {
+  uint32_t ch = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u;
+  uint32_t fm = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u;
+  if (!ch)
+    ch = s->offer_channel_max ? s->offer_channel_max : 65535;
+  if (!fm)
+    fm = s->offer_frame_max ? s->offer_frame_max : PX_FRAME_MAX_CAP;
+  s->channel_max = (uint16_t)ch;
+  s->frame_max = fm < PX_FRAME_MAX_CAP ? fm : PX_FRAME_MAX_CAP;
+  if (s->frame_max < AMQP_FRAME_MIN_SIZE)
+    s->frame_max = AMQP_FRAME_MIN_SIZE;
+  s->heartbeat = (uint16_t)m->args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u;
+  if (!s->by_client.blocks && (px_tab_init(&s->by_client, s->channel_max) ||
+                               px_tab_init(&s->by_up, s->channel_max)))
+    return client_error(s, 541, "INTERNAL_ERROR - out of memory", m->id);
+  return PX_FORWARD;
+}
+
+static int client_connection_method(px_session *s, const amqp_frame *f,
+                                    uint32_t id) {
+  amqp_method m;
+  if (AMQP_METHOD_CLASS(id) != 10)
+    return client_error(
+        s, 503, "COMMAND_INVALID - only connection methods on channel 0", id);
+  if (id != AMQP_CONNECTION_START_OK && id != AMQP_CONNECTION_TUNE_OK &&
+      id != AMQP_CONNECTION_OPEN && id != AMQP_CONNECTION_CLOSE &&
+      id != AMQP_CONNECTION_CLOSE_OK)
+    return PX_FORWARD;
+  int rc = amqp_method_decode(f->payload, &m);
+  if (rc != AMQP_OK) {
+    char text[128];
+    snprintf(text, sizeof text, "%s - %s",
+             amqp_status_reply_code(rc) == 503 ? "COMMAND_INVALID"
+                                               : "SYNTAX_ERROR",
+             amqp_status_str(rc));
+    return client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
+  }
+  switch (id) {
+  case AMQP_CONNECTION_START_OK:
+    record_user(s, &m);
+    break;
+  case AMQP_CONNECTION_TUNE_OK:
+    return client_tune_ok(s, &m);
+  case AMQP_CONNECTION_OPEN: {
+    amqp_bytes v = m.args[AMQP_F_CONNECTION_OPEN_VIRTUAL_HOST].b;
+    snprintf(s->vhost, sizeof s->vhost, "%.*s",
+             (int)(v.len > 100 ? 100 : v.len), (const char *)v.ptr);
+    break;
+  }
+  case AMQP_CONNECTION_CLOSE:
+    px__set_state(s, PX_S_CLOSING);
+    break;
+  case AMQP_CONNECTION_CLOSE_OK:
+    s->close_after = &s->upstream;
+    s->close_after_reason = "broker closed the connection";
+    break;
+  }
+  return PX_FORWARD;
+}
+
+/* Content framing: a content method, then its header, then bodies adding
+ * up to the header's size, with nothing else on that channel between. */
+static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
+                          uint32_t id) {
+  if (c->state == PX_CH_SERVER_CLOSED)
+    return PX_FORWARD; /* the broker discards it anyway */
+  if (f->type == AMQP_FRAME_METHOD) {
+    if (c->c2u != PX_CONTENT_NONE)
+      return client_error(s, 505,
+                          "UNEXPECTED_FRAME - method frame during content", id);
+    if (id == AMQP_BASIC_PUBLISH)
+      c->c2u = PX_CONTENT_HEADER;
+    return PX_FORWARD;
+  }
+  if (f->type == AMQP_FRAME_HEADER) {
+    if (c->c2u != PX_CONTENT_HEADER)
+      return client_error(
+          s, 505, "UNEXPECTED_FRAME - content header without a content method",
+          0);
+    c->c2u_left = amqp_content_header_peek_size(f->payload);
+    c->c2u = c->c2u_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
+    return PX_FORWARD;
+  }
+  if (c->c2u != PX_CONTENT_BODY || f->payload.len > c->c2u_left)
+    return client_error(s, 505, "UNEXPECTED_FRAME - content body not expected",
+                        0);
+  c->c2u_left -= f->payload.len;
+  if (c->c2u_left == 0)
+    c->c2u = PX_CONTENT_NONE;
+  return PX_FORWARD;
+}
+
+/* While rebound is closing the client (error, shutdown), only its
+ * close-ok matters. */
+static int client_frame_closing(px_session *s, const amqp_frame *f) {
+  if (f->type != AMQP_FRAME_METHOD || f->channel != 0)
+    return PX_DROP;
+  uint32_t id = amqp_method_peek_id(f->payload);
+  if (id != AMQP_CONNECTION_CLOSE_OK && id != AMQP_CONNECTION_CLOSE)
+    return PX_DROP;
+  if (s->draining && s->upstream.connected) {
+    amqp_method m;
+    amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
+    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
+    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
+        amqp_cstr("rebound shutting down");
+    px__emit_method(s, &s->upstream, 0, &m);
+    return PX_DROP; /* the broker's close-ok ends the session */
+  }
+  px_session_close(s, s->close_reason ? s->close_reason : "closed by rebound");
+  return PX_STOP;
+}
+
+int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
+                     px_chan **hold_chan) {
+  if (s->proxy_closing)
+    return client_frame_closing(s, f);
+  if (f->type == AMQP_FRAME_HEARTBEAT)
+    return PX_FORWARD;
+  uint32_t id =
+      f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
+  if (f->channel == 0) {
+    if (f->type != AMQP_FRAME_METHOD)
+      return client_error(s, 505,
+                          "UNEXPECTED_FRAME - content frame on channel 0", 0);
+    return client_connection_method(s, f, id);
+  }
+  if (AMQP_METHOD_CLASS(id) == 10)
+    return client_error(s, 503,
+                        "COMMAND_INVALID - connection method on a channel", id);
+  if (id == AMQP_CHANNEL_OPEN)
+    return client_channel_open(s, f->channel, raw, hold_chan);
+  px_chan *c = px_tab_get(&s->by_client, f->channel);
+  if (!c)
+    return PX_FORWARD; /* not opened: the broker answers that */
+  int act = client_content(s, f, c, id);
+  if (act != PX_FORWARD)
+    return act;
+  if (id == AMQP_CHANNEL_CLOSE)
+    c->state = PX_CH_CLOSING;
+  if (c->held) {
+    *hold_chan = c;
+    return PX_HOLD;
+  }
+  if (c->up_ch != c->client_ch)
+    px__set_channel(raw, c->up_ch);
+  if (id == AMQP_CHANNEL_CLOSE_OK)
+    chan_release(s, c);
+  return PX_FORWARD;
+}
+
+/* ---- broker -> client -----------------------------------------------------
+ */
+
+static void log_open(px_session *s) {
+  char addr[300];
+  px_addr_format(&s->srv->cfg->upstream[s->upstream_idx], addr, sizeof addr);
+  px_info("session_open",
+          "id=%llu peer=%s user=%s vhost=%s upstream=%s channel_max=%u "
+          "frame_max=%u heartbeat=%u",
+          (unsigned long long)s->id, s->peer, s->user[0] ? s->user : "-",
+          s->vhost, addr, (unsigned)s->channel_max, (unsigned)s->frame_max,
+          (unsigned)s->heartbeat);
+}
+
+static int upstream_connection_method(px_session *s, const amqp_frame *f,
+                                      uint32_t id) {
+  amqp_method m;
+  switch (id) {
+  case AMQP_CONNECTION_TUNE:
+    if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
+      s->offer_channel_max =
+          (uint16_t)m.args[AMQP_F_CONNECTION_TUNE_CHANNEL_MAX].u;
+      s->offer_frame_max = (uint32_t)m.args[AMQP_F_CONNECTION_TUNE_FRAME_MAX].u;
+    }
+    break;
+  case AMQP_CONNECTION_OPEN_OK:
+    if (s->state != PX_S_HANDSHAKE || !s->by_client.blocks)
+      break;
+    px__set_state(s, PX_S_OPEN);
+    px__handshake_done(s);
+    log_open(s);
+    own_open(s);
+    break;
+  case AMQP_CONNECTION_CLOSE:
+    if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
+      amqp_bytes t = m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b;
+      px_info("broker_close", "id=%llu peer=%s code=%u text=\"%.*s\"",
+              (unsigned long long)s->id, s->peer,
+              (unsigned)m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u,
+              (int)t.len, (const char *)t.ptr);
+    }
+    px__set_state(s, PX_S_CLOSING);
+    break;
+  case AMQP_CONNECTION_CLOSE_OK:
+    s->close_after = &s->client;
+    s->close_after_reason = "client closed the connection";
+    break;
+  }
+  return PX_FORWARD;
+}
+
+static void upstream_content(px_chan *c, const amqp_frame *f, uint32_t id) {
+  switch (f->type) {
+  case AMQP_FRAME_METHOD:
+    if (id == AMQP_BASIC_DELIVER || id == AMQP_BASIC_GET_OK ||
+        id == AMQP_BASIC_RETURN)
+      c->u2c = PX_CONTENT_HEADER;
+    break;
+  case AMQP_FRAME_HEADER:
+    c->u2c_left = amqp_content_header_peek_size(f->payload);
+    c->u2c = c->u2c_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
+    break;
+  case AMQP_FRAME_BODY:
+    c->u2c_left -= f->payload.len < c->u2c_left ? f->payload.len : c->u2c_left;
+    if (c->u2c_left == 0)
+      c->u2c = PX_CONTENT_NONE;
+    break;
+  }
+}
+
+static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
+  if (f->type == AMQP_FRAME_METHOD && f->channel == 0 &&
+      (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
+       amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&
+      s->draining) {
+    px_session_close(s, "rebound shutting down");
+    return PX_STOP;
+  }
+  return PX_DROP;
+}
+
+int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
+  if (s->proxy_closing)
+    return upstream_frame_closing(s, f);
+  if (f->type == AMQP_FRAME_HEARTBEAT)
+    return PX_FORWARD;
+  uint32_t id =
+      f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
+  if (f->channel == 0)
+    return f->type == AMQP_FRAME_METHOD ? upstream_connection_method(s, f, id)
+                                        : PX_FORWARD;
+  if (f->channel == s->own_ch && own_active(s))
+    return own_frame(s, f);
+  px_chan *c = px_tab_get(&s->by_up, f->channel);
+  if (!c)
+    return PX_FORWARD;
+  upstream_content(c, f, id);
+  if (id == AMQP_CHANNEL_OPEN_OK)
+    c->state = PX_CH_OPEN;
+  else if (id == AMQP_CHANNEL_CLOSE)
+    c->state = PX_CH_SERVER_CLOSED;
+  if (c->up_ch != c->client_ch)
+    px__set_channel(raw, c->client_ch);
+  if (id == AMQP_CHANNEL_CLOSE_OK)
+    chan_release(s, c);
+  return PX_FORWARD;
+}

@@ -1,0 +1,719 @@
+/* px_session.c - a session's sockets, buffers and lifecycle.
+ *
+ * Reading: a side reads into its chunk (px_buf.h); process_input() parses
+ * whole frames and asks px_frames.c what each one means. Consecutive frames
+ * to forward form a "run" that is queued as one slice of the chunk, so a
+ * read of many small frames becomes one iovec entry and no copy. A partial
+ * frame stays in the chunk (or moves to a larger one) until the rest comes.
+ *
+ * Writing: queued slices go out in one uv_write per flush; the chunk
+ * references they hold are dropped when the write completes.
+ *
+ * Backpressure: when a side has more than PX_HIGH_WATER bytes in flight,
+ * the other side stops reading until it drops below PX_LOW_WATER. Memory
+ * per connection is therefore bounded by about two high-water marks plus
+ * one read chunk per direction (plus frames held on a channel).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_session_int.h"
+
+#define PX_HIGH_WATER (512 * 1024)
+#define PX_LOW_WATER (128 * 1024)
+/* Reads smaller than this are not worth a syscall: move to a new chunk. */
+#define PX_MIN_READ 2048
+/* Frame size accepted before connection.tune-ok fixes frame-max. */
+#define PX_PRETUNE_FRAME_MAX 131072
+/* How long to wait for close-ok (or a flush) before closing anyway. */
+#define PX_CLOSE_WAIT_MS 2000
+
+static void upstream_try_next(px_session *s);
+
+typedef struct px_write {
+  uv_write_t req;
+  px_side *side;
+  size_t bytes;
+  unsigned n;
+  px_chunk *chunks[PX_OUT_MAX];
+  uv_buf_t bufs[PX_OUT_MAX];
+} px_write;
+
+const char *px_state_name(int state) {
+  static const char *const names[] = {"connecting", "handshake", "open",
+                                      "closing", "closed"};
+  return state >= 0 && state < 5 ? names[state] : "?";
+}
+
+static px_side *other_side(px_session *s, px_side *side) {
+  return side == &s->client ? &s->upstream : &s->client;
+}
+
+void px__set_state(px_session *s, px_state state) {
+  px_debug("session_state", "id=%llu peer=%s from=%s to=%s",
+           (unsigned long long)s->id, s->peer, px_state_name(s->state),
+           px_state_name(state));
+  s->state = state;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void session_free(px_session *s) {
+  px__chans_free(s);
+  for (px_side *side = &s->client; side;
+       side = side == &s->client ? &s->upstream : NULL) {
+    for (unsigned i = 0; i < side->nout; i++)
+      px_chunk_unref(side->out[i].chunk);
+    if (side->in)
+      px_chunk_unref(side->in);
+  }
+  px_server_session_gone(s->srv, s);
+  free(s);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  px_session *s = h->data;
+
+  if (h == (uv_handle_t *)&s->upstream.tcp && s->state != PX_S_CLOSED) {
+    /* a failed connect attempt: try the next upstream */
+    s->open_handles--;
+    upstream_try_next(s);
+    return;
+  }
+  if (--s->open_handles == 0 && !s->gai_pending)
+    session_free(s);
+}
+
+static void side_close(px_side *side) {
+  if (side->open && !uv_is_closing((uv_handle_t *)&side->tcp))
+    uv_close((uv_handle_t *)&side->tcp, on_handle_closed);
+  side->open = false;
+  side->connected = false;
+}
+
+void px_session_close(px_session *s, const char *reason) {
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (!s->close_reason)
+    s->close_reason = reason;
+  uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
+  px_info("session_close",
+          "id=%llu peer=%s user=%s vhost=%s state=%s duration_ms=%llu "
+          "bytes_from_client=%llu bytes_to_client=%llu reason=\"%s\"",
+          (unsigned long long)s->id, s->peer, s->user[0] ? s->user : "-",
+          s->vhost[0] ? s->vhost : "-", px_state_name(s->state),
+          (unsigned long long)ms, (unsigned long long)s->client.bytes_in,
+          (unsigned long long)s->client.bytes_out, s->close_reason);
+  px__set_state(s, PX_S_CLOSED);
+  uv_timer_stop(&s->timer);
+  uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+  side_close(&s->client);
+  side_close(&s->upstream);
+  if (s->gai_pending)
+    uv_cancel((uv_req_t *)&s->gai);
+  /* unlink now: a closing session no longer counts or drains */
+  s->srv->stats.sessions_current--;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    s->srv->sessions = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static void on_close_wait_timeout(uv_timer_t *t) {
+  px_session *s = t->data;
+  px_session_close(s, s->close_reason ? s->close_reason : "close timeout");
+}
+
+static void arm_close_timer(px_session *s) {
+  uv_timer_stop(&s->timer);
+  uv_timer_start(&s->timer, on_close_wait_timeout, PX_CLOSE_WAIT_MS, 0);
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static void side_resume(px_side *side);
+
+static void on_write(uv_write_t *req, int status) {
+  px_write *w = (px_write *)req;
+  px_side *side = w->side;
+  px_session *s = side->s;
+
+  for (unsigned i = 0; i < w->n; i++)
+    px_chunk_unref(w->chunks[i]);
+  side->inflight -= w->bytes;
+  free(w);
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (status < 0) {
+    px_warn("write_failed", "id=%llu peer=%s side=%s error=%s",
+            (unsigned long long)s->id, s->peer, side->name,
+            uv_strerror(status));
+    px_session_close(s, side == &s->client ? "client write failed"
+                                           : "upstream write failed");
+    return;
+  }
+  if (side->close_when_flushed && side->inflight == 0 && side->nout == 0) {
+    px_session_close(s, s->close_reason);
+    return;
+  }
+  px_side *other = other_side(s, side);
+  if (other->paused && side->inflight < PX_LOW_WATER)
+    side_resume(other);
+}
+
+static void side_flush(px_side *side) {
+  px_session *s = side->s;
+  if (side->nout == 0 || !side->connected)
+    return;
+  px_write *w = malloc(sizeof *w);
+  if (!w) {
+    px_session_close(s, "out of memory");
+    return;
+  }
+  w->side = side;
+  w->n = side->nout;
+  w->bytes = 0;
+  for (unsigned i = 0; i < w->n; i++) {
+    w->bufs[i] = uv_buf_init((char *)side->out[i].ptr, side->out[i].len);
+    w->chunks[i] = side->out[i].chunk;
+    w->bytes += side->out[i].len;
+  }
+  side->nout = 0;
+  int rc =
+      uv_write(&w->req, (uv_stream_t *)&side->tcp, w->bufs, w->n, on_write);
+  if (rc < 0) {
+    for (unsigned i = 0; i < w->n; i++)
+      px_chunk_unref(w->chunks[i]);
+    free(w);
+    px_session_close(s, "write failed");
+    return;
+  }
+  side->inflight += w->bytes;
+  side->bytes_out += w->bytes;
+  px_side *other = other_side(s, side);
+  if (side->inflight > PX_HIGH_WATER && other->reading) {
+    uv_read_stop((uv_stream_t *)&other->tcp);
+    other->reading = false;
+    other->paused = true;
+  }
+}
+
+/* Queue bytes of `c` for `side`, taking a reference; contiguous bytes of the
+ * same chunk extend the last slice. */
+static void side_queue(px_side *side, px_chunk *c, uint8_t *p, uint32_t len) {
+  if (!side->open || len == 0)
+    return;
+  if (side->nout > 0) {
+    px_slice *last = &side->out[side->nout - 1];
+    if (last->chunk == c && last->ptr + last->len == p) {
+      last->len += len;
+      return;
+    }
+  }
+  if (side->nout == PX_OUT_MAX)
+    side_flush(side);
+  if (side->nout == PX_OUT_MAX) { /* not connected yet: cannot happen */
+    px_session_close(side->s, "output queue full before connect");
+    return;
+  }
+  px_chunk_ref(c);
+  side->out[side->nout++] = (px_slice){c, p, len};
+}
+
+static void run_flush(px_session *s) {
+  if (s->run.to && s->run.end > s->run.start)
+    side_queue(s->run.to, s->run.chunk, s->run.chunk->data + s->run.start,
+               s->run.end - s->run.start);
+  s->run.start = s->run.end;
+}
+
+void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
+  if (s->run.to == side)
+    run_flush(s);
+  px_chunk *c = px_chunk_new(len);
+  if (!c) {
+    px_session_close(s, "out of memory");
+    return;
+  }
+  memcpy(c->data, data, len);
+  c->len = (uint32_t)len;
+  side_queue(side, c, c->data, (uint32_t)len);
+  px_chunk_unref(c);
+}
+
+void px__emit_method(px_session *s, px_side *side, uint16_t ch,
+                     const amqp_method *m) {
+  uint8_t buf[1024];
+  long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
+  if (n < 0) {
+    px_error("encode_failed", "id=%llu method=%s error=%s",
+             (unsigned long long)s->id, m->desc ? m->desc->name : "?",
+             amqp_status_str((int)n));
+    return;
+  }
+  px__emit(s, side, buf, (size_t)n);
+}
+
+void px__release_held(px_session *s, px_chan *c) {
+  for (uint32_t i = 0; i < c->nhold; i++) {
+    px_slice *h = &c->hold[i];
+    px__set_channel(h->ptr, c->up_ch);
+    side_queue(&s->upstream, h->chunk, h->ptr, h->len);
+    px_chunk_unref(h->chunk);
+  }
+  c->nhold = 0;
+  c->held_bytes = 0;
+  c->held = false;
+  side_flush(&s->upstream);
+}
+
+void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
+  if (!s->close_reason)
+    s->close_reason = reason;
+  side_flush(side);
+  if (!side->connected || (side->inflight == 0 && side->nout == 0)) {
+    px_session_close(s, reason);
+    return;
+  }
+  side->close_when_flushed = true;
+  arm_close_timer(s);
+}
+
+void px__close_client(px_session *s, uint16_t code, const char *text,
+                      uint16_t class_id, uint16_t method_id) {
+  amqp_method m;
+  if (s->proxy_closing)
+    return;
+  s->proxy_closing = true;
+  amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = code;
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
+  m.args[AMQP_F_CONNECTION_CLOSE_CLASS_ID].u = class_id;
+  m.args[AMQP_F_CONNECTION_CLOSE_METHOD_ID].u = method_id;
+  px__emit_method(s, &s->client, 0, &m);
+  side_flush(&s->client);
+  px__set_state(s, PX_S_CLOSING);
+  arm_close_timer(s);
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* Move the unparsed bytes into a chunk of at least `need` bytes. */
+static px_chunk *side_relocate(px_side *side, size_t need) {
+  px_chunk *old = side->in;
+  size_t keep = old ? old->len - old->off : 0;
+  px_chunk *c = px_chunk_new(need > keep ? need : keep + PX_MIN_READ);
+  if (!c)
+    return NULL;
+  if (keep)
+    memcpy(c->data, old->data + old->off, keep);
+  c->len = (uint32_t)keep;
+  if (old)
+    px_chunk_unref(old);
+  side->in = c;
+  return c;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  px_session *s = h->data;
+  px_side *side =
+      h == (uv_handle_t *)&s->client.tcp ? &s->client : &s->upstream;
+  px_chunk *c = side->in;
+  (void)suggested;
+  if (!c || c->cap - c->len < PX_MIN_READ)
+    c = side_relocate(side, PX_CHUNK_SIZE);
+  if (!c) {
+    *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS */
+    return;
+  }
+  *buf = uv_buf_init((char *)c->data + c->len, c->cap - c->len);
+}
+
+/* Answer a bad protocol header as the spec says: with ours, then close. */
+static int check_client_header(px_session *s, px_chunk *c) {
+  long rc = amqp_protocol_header_parse(c->data + c->off, c->len - c->off);
+  if (rc == AMQP_PARTIAL)
+    return 0;
+  if (rc < 0) {
+    char what[64];
+    amqp_protocol_header_describe(c->data + c->off, c->len - c->off, what,
+                                  sizeof what);
+    px_warn("bad_protocol_header", "id=%llu peer=%s sent=%s",
+            (unsigned long long)s->id, s->peer, what);
+    s->srv->stats.protocol_errors++;
+    px__emit(s, &s->client, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+    px__close_after_flush(s, &s->client, "bad protocol header");
+    return -1;
+  }
+  if (!s->upstream.connected) { /* forwarded once the upstream is up */
+    uv_read_stop((uv_stream_t *)&s->client.tcp);
+    s->client.reading = false;
+    return 0;
+  }
+  side_queue(&s->upstream, c, c->data + c->off, AMQP_PROTOCOL_HEADER_SIZE);
+  c->off += AMQP_PROTOCOL_HEADER_SIZE;
+  px__set_state(s, PX_S_HANDSHAKE);
+  return 1;
+}
+
+static uint32_t frame_limit(const px_session *s) {
+  return s->frame_max ? s->frame_max : PX_PRETUNE_FRAME_MAX;
+}
+
+static void input_error(px_session *s, px_side *from, long status) {
+  const char *text = amqp_status_str((int)status);
+  s->srv->stats.protocol_errors++;
+  px_warn("protocol_error", "id=%llu peer=%s side=%s state=%s error=\"%s\"",
+          (unsigned long long)s->id, s->peer, from->name,
+          px_state_name(s->state), text);
+  if (from == &s->upstream) {
+    px__close_client(s, 541, "INTERNAL_ERROR - malformed frame from broker", 0,
+                     0);
+    return;
+  }
+  char reply[160];
+  int code = amqp_status_reply_code((int)status);
+  snprintf(reply, sizeof reply, "%s - %s",
+           code == 501   ? "FRAME_ERROR"
+           : code == 502 ? "SYNTAX_ERROR"
+                         : "COMMAND_INVALID",
+           text);
+  px__close_client(s, (uint16_t)(code ? code : 501), reply, 0, 0);
+}
+
+/* Parse and dispatch every whole frame in `from`'s chunk. */
+static void process_input(px_session *s, px_side *from) {
+  px_chunk *c = from->in;
+  px_side *to = other_side(s, from);
+
+  if (from == &s->client && s->state == PX_S_CONNECTING &&
+      check_client_header(s, c) <= 0)
+    return;
+  s->run.to = to;
+  s->run.chunk = c;
+  s->run.start = s->run.end = c->off;
+  while (s->state != PX_S_CLOSED) {
+    amqp_frame f;
+    long n =
+        amqp_frame_parse(c->data + c->off, c->len - c->off, frame_limit(s), &f);
+    if (n == AMQP_PARTIAL)
+      break;
+    if (n < 0) {
+      run_flush(s);
+      s->run.to = NULL;
+      input_error(s, from, n);
+      break;
+    }
+    uint8_t *raw = c->data + c->off;
+    px_chan *hold = NULL;
+    int act = from == &s->client ? px__client_frame(s, &f, raw, &hold)
+                                 : px__upstream_frame(s, &f, raw);
+    c->off += (uint32_t)n;
+    if (act == PX_FORWARD) {
+      s->run.end = c->off;
+      continue;
+    }
+    run_flush(s);
+    s->run.start = s->run.end = c->off;
+    if (act == PX_HOLD) {
+      px_chunk_ref(c);
+      if (px_chan_hold(hold, (px_slice){c, raw, (uint32_t)n}) != 0)
+        px_session_close(s, "out of memory");
+    }
+    if (act == PX_STOP)
+      break;
+  }
+  run_flush(s);
+  s->run.to = NULL;
+  if (s->state == PX_S_CLOSED)
+    return;
+  side_flush(to);
+  side_flush(from);
+  if (s->close_after) {
+    px_side *side = s->close_after;
+    s->close_after = NULL;
+    px__close_after_flush(s, side, s->close_after_reason);
+  }
+}
+
+/* After parsing: release a spent chunk, or make room for a big frame. */
+static void settle_chunk(px_side *side) {
+  px_chunk *c = side->in;
+  if (!c)
+    return;
+  if (c->off == c->len) {
+    px_chunk_unref(c);
+    side->in = NULL;
+    return;
+  }
+  if (c->len - c->off >= AMQP_FRAME_HEADER_SIZE) {
+    const uint8_t *p = c->data + c->off;
+    size_t size =
+        ((size_t)p[3] << 24 | (size_t)p[4] << 16 | (size_t)p[5] << 8 | p[6]) +
+        AMQP_FRAME_OVERHEAD;
+    if (size > c->cap - c->off && !side_relocate(side, size))
+      px_session_close(side->s, "out of memory");
+  }
+}
+
+static void side_eof(px_session *s, px_side *side, ssize_t err) {
+  bool clean = err == UV_EOF;
+  uv_read_stop((uv_stream_t *)&side->tcp);
+  side->reading = false;
+  if (side == &s->client) {
+    if (!clean)
+      px_info("client_error", "id=%llu peer=%s error=%s",
+              (unsigned long long)s->id, s->peer, uv_strerror((int)err));
+    px__close_after_flush(s, &s->upstream,
+                          s->state == PX_S_CLOSING ? "client closed"
+                                                   : "client disconnected");
+    return;
+  }
+  if (s->state == PX_S_CLOSING || s->state == PX_S_CONNECTING ||
+      s->state == PX_S_HANDSHAKE || s->proxy_closing) {
+    px__close_after_flush(s, &s->client,
+                          s->state == PX_S_CLOSING ? "broker closed"
+                                                   : "broker disconnected");
+    return;
+  }
+  px_warn("upstream_lost", "id=%llu peer=%s error=%s",
+          (unsigned long long)s->id, s->peer,
+          clean ? "connection closed by broker" : uv_strerror((int)err));
+  s->close_reason = "broker connection lost";
+  px__close_client(s, 320, "CONNECTION_FORCED - broker connection lost", 0, 0);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  px_session *s = st->data;
+  px_side *side =
+      st == (uv_stream_t *)&s->client.tcp ? &s->client : &s->upstream;
+  (void)buf;
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (nread < 0) {
+    if (nread == UV_ENOBUFS)
+      px_session_close(s, "out of memory");
+    else
+      side_eof(s, side, nread);
+    return;
+  }
+  if (nread == 0)
+    return;
+  side->in->len += (uint32_t)nread;
+  side->bytes_in += (uint64_t)nread;
+  process_input(s, side);
+  if (s->state != PX_S_CLOSED)
+    settle_chunk(side);
+}
+
+static void side_start_reading(px_side *side) {
+  if (side->reading || !side->open)
+    return;
+  if (uv_read_start((uv_stream_t *)&side->tcp, on_alloc, on_read) == 0)
+    side->reading = true;
+}
+
+static void side_resume(px_side *side) {
+  side->paused = false;
+  side_start_reading(side);
+}
+
+/* ---- upstream connection ---------------------------------------------- */
+
+static void note_upstream_error(px_session *s, const char *err) {
+  char addr[300];
+  size_t n = strlen(s->upstream_errors);
+  px_addr_format(&s->srv->cfg->upstream[s->upstream_idx], addr, sizeof addr);
+  snprintf(s->upstream_errors + n, sizeof s->upstream_errors - n, "%s%s: %s",
+           n ? "; " : "", addr, err);
+  s->srv->stats.upstream_connect_failures++;
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+  px_session *s = req->data;
+  s->connect_pending = false;
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (status < 0) {
+    note_upstream_error(s, uv_strerror(status));
+    s->upstream_idx++;
+    side_close(&s->upstream); /* on_handle_closed tries the next one */
+    return;
+  }
+  s->upstream.connected = true;
+  uv_tcp_nodelay(&s->upstream.tcp, 1);
+  side_start_reading(&s->upstream);
+  if (s->client.in && s->client.in->len > s->client.in->off) {
+    process_input(s, &s->client);
+    if (s->state != PX_S_CLOSED)
+      settle_chunk(&s->client);
+  }
+  side_start_reading(&s->client);
+}
+
+static void connect_to(px_session *s, const struct sockaddr *sa) {
+  int rc = uv_tcp_init(s->srv->loop, &s->upstream.tcp);
+  if (rc == 0) {
+    s->upstream.tcp.data = s;
+    s->upstream.open = true;
+    s->open_handles++;
+    s->connect_req.data = s;
+    rc = uv_tcp_connect(&s->connect_req, &s->upstream.tcp, sa, on_connect);
+    if (rc == 0) {
+      s->connect_pending = true;
+      return;
+    }
+  }
+  note_upstream_error(s, uv_strerror(rc));
+  s->upstream_idx++;
+  if (s->upstream.open)
+    side_close(&s->upstream);
+  else
+    upstream_try_next(s);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status,
+                        struct addrinfo *res) {
+  px_session *s = req->data;
+  s->gai_pending = false;
+  if (s->state == PX_S_CLOSED) {
+    uv_freeaddrinfo(res);
+    if (s->open_handles == 0)
+      session_free(s);
+    return;
+  }
+  if (status < 0) {
+    note_upstream_error(s, uv_strerror(status));
+    s->upstream_idx++;
+    upstream_try_next(s);
+  } else {
+    connect_to(s, res->ai_addr);
+  }
+  uv_freeaddrinfo(res);
+}
+
+static void upstream_try_next(px_session *s) {
+  const px_config *cfg = s->srv->cfg;
+  struct sockaddr_storage ss;
+
+  if (s->upstream_idx >= cfg->n_upstreams) {
+    px_error("upstream_unreachable", "id=%llu peer=%s tried=\"%s\"",
+             (unsigned long long)s->id, s->peer, s->upstream_errors);
+    px_session_close(s, "no upstream reachable");
+    return;
+  }
+  const px_addr *a = &cfg->upstream[s->upstream_idx];
+  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) == 0 ||
+      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) == 0) {
+    connect_to(s, (struct sockaddr *)&ss);
+    return;
+  }
+  char port[8];
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+  snprintf(port, sizeof port, "%u", (unsigned)a->port);
+  s->gai.data = s;
+  int rc =
+      uv_getaddrinfo(s->srv->loop, &s->gai, on_resolved, a->host, port, &hints);
+  if (rc == 0) {
+    s->gai_pending = true;
+    return;
+  }
+  note_upstream_error(s, uv_strerror(rc));
+  s->upstream_idx++;
+  upstream_try_next(s);
+}
+
+/* ---- accept ------------------------------------------------------------- */
+
+static void on_handshake_timeout(uv_timer_t *t) {
+  px_session *s = t->data;
+  px_warn("handshake_timeout", "id=%llu peer=%s state=%s timeout_ms=%u",
+          (unsigned long long)s->id, s->peer, px_state_name(s->state),
+          (unsigned)s->srv->cfg->handshake_timeout_ms);
+  px_session_close(s, "handshake timeout");
+}
+
+static void describe_peer(uv_tcp_t *tcp, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  char ip[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      uv_ip6_name(a, ip, sizeof ip);
+      port = ntohs(a->sin6_port);
+      snprintf(out, cap, "[%s]:%u", ip, (unsigned)port);
+      return;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    uv_ip4_name(a, ip, sizeof ip);
+    port = ntohs(a->sin_port);
+  }
+  snprintf(out, cap, "%s:%u", ip, (unsigned)port);
+}
+
+int px_session_accept(px_server *srv, uv_stream_t *listener) {
+  px_session *s = calloc(1, sizeof *s);
+  if (!s)
+    return UV_ENOMEM;
+  s->srv = srv;
+  s->client.s = s->upstream.s = s;
+  s->client.name = "client";
+  s->upstream.name = "upstream";
+  int rc = uv_tcp_init(srv->loop, &s->client.tcp);
+  if (rc < 0) {
+    free(s);
+    return rc;
+  }
+  s->client.tcp.data = s;
+  s->client.open = true;
+  s->open_handles = 1;
+  rc = uv_accept(listener, (uv_stream_t *)&s->client.tcp);
+  if (rc < 0) {
+    s->state = PX_S_CLOSED;
+    uv_close((uv_handle_t *)&s->client.tcp, on_handle_closed);
+    return rc;
+  }
+  s->client.connected = true;
+  uv_timer_init(srv->loop, &s->timer);
+  s->timer.data = s;
+  s->open_handles++;
+  s->id = ++srv->next_id;
+  s->started_ms = uv_now(srv->loop);
+  s->state = PX_S_CONNECTING;
+  describe_peer(&s->client.tcp, s->peer, sizeof s->peer);
+  uv_tcp_nodelay(&s->client.tcp, 1);
+
+  s->next = srv->sessions;
+  if (srv->sessions)
+    srv->sessions->prev = s;
+  srv->sessions = s;
+  srv->stats.sessions_total++;
+  srv->stats.sessions_current++;
+  px_debug("session_accept", "id=%llu peer=%s", (unsigned long long)s->id,
+           s->peer);
+
+  uv_timer_start(&s->timer, on_handshake_timeout,
+                 srv->cfg->handshake_timeout_ms, 0);
+  side_start_reading(&s->client);
+  upstream_try_next(s);
+  return 0;
+}
+
+void px_session_drain(px_session *s) {
+  if (s->state != PX_S_OPEN) {
+    px_session_close(s, "rebound shutting down");
+    return;
+  }
+  s->draining = true;
+  s->close_reason = "rebound shutting down";
+  px__close_client(s, 320, "CONNECTION_FORCED - rebound shutting down", 0, 0);
+}
+
+void px__handshake_done(px_session *s) {
+  uv_timer_stop(&s->timer);
+}

@@ -1,0 +1,125 @@
+/* px_session.h - one client connection and its upstream connection.
+ *
+ * A session forwards frames between the two sockets at frame boundaries,
+ * without copying: frames parsed from a read chunk are written on as slices
+ * of that chunk. It follows the handshake (recording what was negotiated),
+ * opens rebound's own channel once the connection is open, keeps per-channel
+ * state, moves a client channel that collides with its own, and closes
+ * cleanly on errors from either side.
+ *
+ * States (px_state): connecting -> handshake -> open -> closing -> closed.
+ * Every transition goes through session_set_state() in px_session.c.
+ */
+#ifndef PX_SESSION_H
+#define PX_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "px_buf.h"
+#include "px_chan.h"
+
+struct px_server;
+
+typedef enum px_state {
+  PX_S_CONNECTING, /* client accepted, upstream connect in progress */
+  PX_S_HANDSHAKE,  /* protocol header passed on; start/tune/open running */
+  PX_S_OPEN,       /* connection.open-ok seen */
+  PX_S_CLOSING,    /* connection.close sent by someone, close-ok awaited */
+  PX_S_CLOSED,     /* handles closing */
+} px_state;
+
+/* rebound's own channel on the upstream connection. */
+typedef enum px_own_state {
+  PX_OWN_NONE,      /* not opened (handshake, or reopening failed) */
+  PX_OWN_OPENING,   /* channel.open sent */
+  PX_OWN_SELECTING, /* confirm.select sent */
+  PX_OWN_READY,
+  PX_OWN_CLOSING, /* channel.close sent: yielding its number */
+  PX_OWN_YIELDED, /* closed; every number is the client's */
+} px_own_state;
+
+/* Slices queued for one uv_write. */
+#define PX_OUT_MAX 64
+
+typedef struct px_side {
+  uv_tcp_t tcp;
+  struct px_session *s;
+  const char *name; /* "client" or "upstream", for logs */
+  px_chunk *in;     /* read chunk, NULL when idle */
+  px_slice out[PX_OUT_MAX];
+  unsigned nout;
+  size_t inflight; /* bytes handed to uv_write, not yet completed */
+  uint64_t bytes_in, bytes_out;
+  bool open;      /* handle initialised and not closed */
+  bool connected; /* may be written to */
+  bool reading;   /* uv_read_start active */
+  bool paused;    /* reading stopped by backpressure */
+  bool close_when_flushed;
+} px_side;
+
+typedef struct px_session {
+  struct px_server *srv;
+  struct px_session *prev, *next;
+  uint64_t id;
+  px_state state;
+  px_side client, upstream;
+  uv_timer_t timer; /* handshake, then close-ok wait */
+  uv_connect_t connect_req;
+  uv_getaddrinfo_t gai;
+  bool gai_pending, connect_pending;
+  unsigned upstream_idx; /* which configured upstream is tried/used */
+  unsigned open_handles;
+  uint64_t started_ms;
+  char peer[64];
+  char user[128];
+  char vhost[128];
+  char upstream_errors[384]; /* "addr: error; ..." of failed attempts */
+  const char *close_reason;
+
+  /* offered in connection.tune, negotiated in tune-ok */
+  uint16_t offer_channel_max;
+  uint32_t offer_frame_max;
+  uint16_t channel_max;
+  uint32_t frame_max;
+  uint16_t heartbeat;
+
+  px_tab by_client, by_up;
+  uint32_t nchans;
+
+  uint16_t own_ch;
+  uint8_t own_state;     /* px_own_state */
+  uint8_t own_failures;  /* consecutive closes before ready */
+  uint16_t yield_waiter; /* client channel waiting for own_ch's number */
+  bool yield_requested;  /* close own channel once it is ready */
+
+  bool proxy_closing; /* we sent connection.close to the client */
+  bool draining;      /* ... because rebound is shutting down */
+
+  /* set by a frame handler: close once this side has been written to */
+  px_side *close_after;
+  const char *close_after_reason;
+
+  /* the forwardable run of frames being parsed (see px_session.c) */
+  struct {
+    px_side *to;
+    px_chunk *chunk;
+    uint32_t start, end;
+  } run;
+} px_session;
+
+/* Accept a client from `listener` into a new session and start connecting
+ * upstream. Returns 0 or a negative libuv error (nothing is left behind). */
+int px_session_accept(struct px_server *srv, uv_stream_t *listener);
+
+/* Begin a clean shutdown of the session (SIGTERM): connection.close 320 to
+ * an open client, an immediate close otherwise. */
+void px_session_drain(px_session *s);
+
+/* Close both sockets now; `reason` is logged. Safe to call twice. */
+void px_session_close(px_session *s, const char *reason);
+
+const char *px_state_name(int state);
+
+#endif

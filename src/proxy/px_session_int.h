@@ -1,0 +1,58 @@
+/* px_session_int.h - helpers shared by px_session.c (sockets, buffers,
+ * lifecycle) and px_frames.c (what each frame means). Not for other
+ * files. */
+#ifndef PX_SESSION_INT_H
+#define PX_SESSION_INT_H
+
+#include "amqp.h"
+#include "px_log.h"
+#include "px_server.h"
+#include "px_session.h"
+
+/* What to do with a frame just parsed. */
+enum px_action {
+  PX_FORWARD, /* send on, as part of the current run */
+  PX_DROP,    /* consumed here */
+  PX_HOLD,    /* keep in s->hold_chan's held frames */
+  PX_STOP,    /* the session is closing: stop parsing */
+};
+
+/* Frame handlers (px_frames.c): return a px_action. `raw` is the whole
+ * frame in the read chunk; handlers may rewrite its channel field. */
+int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
+                     px_chan **hold_chan);
+int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw);
+
+/* Release every channel's state (px_frames.c). */
+void px__chans_free(px_session *s);
+
+/* Queue a frame rebound generates for `side`, after everything already
+ * queued or being parsed for it. */
+void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len);
+/* Encode and queue one method frame. */
+void px__emit_method(px_session *s, px_side *side, uint16_t ch,
+                     const amqp_method *m);
+/* Queue held frames of a channel for upstream (they keep their order). */
+void px__release_held(px_session *s, px_chan *c);
+
+/* Send connection.close to the client with `code` and `text` (and the
+ * offending class/method), stop forwarding, and close once the client
+ * answers close-ok or a short timeout passes. */
+void px__close_client(px_session *s, uint16_t code, const char *text,
+                      uint16_t class_id, uint16_t method_id);
+
+/* Write out what is queued for `side`, then close the session. */
+void px__close_after_flush(px_session *s, px_side *side, const char *reason);
+
+void px__set_state(px_session *s, px_state state);
+
+/* The connection is open: stop the handshake timer. */
+void px__handshake_done(px_session *s);
+
+/* Rewrite a frame's 2-byte channel field in place. */
+static inline void px__set_channel(uint8_t *raw, uint16_t ch) {
+  raw[1] = (uint8_t)(ch >> 8);
+  raw[2] = (uint8_t)ch;
+}
+
+#endif
