@@ -24,6 +24,7 @@ echo "== private RabbitMQ"
 broker_dir=$build/broker
 trap 'scripts/broker.sh stop "$broker_dir" || true' EXIT
 eval "export $(scripts/broker.sh start "$broker_dir" | tail -n 1)"
+export REBOUND_TEST_BROKER_DIR=$(cd "$broker_dir" && pwd)
 echo "REBOUND_TEST_BROKER=$REBOUND_TEST_BROKER"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
