@@ -439,10 +439,11 @@ static void process_input(px_session *s, px_side *from) {
   }
 }
 
-/* After parsing: release a spent chunk, or make room for a big frame. */
+/* After parsing: release a spent chunk, or make room for a big frame
+ * (whose size the parser has already checked against frame-max). */
 static void settle_chunk(px_side *side) {
   px_chunk *c = side->in;
-  if (!c)
+  if (!c || side->s->state == PX_S_CONNECTING) /* protocol header pending */
     return;
   if (c->off == c->len) {
     px_chunk_unref(c);
@@ -454,6 +455,8 @@ static void settle_chunk(px_side *side) {
     size_t size =
         ((size_t)p[3] << 24 | (size_t)p[4] << 16 | (size_t)p[5] << 8 | p[6]) +
         AMQP_FRAME_OVERHEAD;
+    if (size > (size_t)frame_limit(side->s) + AMQP_FRAME_OVERHEAD)
+      return; /* cannot be: the parser refuses it */
     if (size > c->cap - c->off && !side_relocate(side, size))
       px_session_close(side->s, "out of memory");
   }

@@ -4,7 +4,8 @@
 # run CMD with REBOUND_PROXY_HOST/REBOUND_PROXY_PORT (and REBOUND_PROXY_URL)
 # set, then stop rebound with SIGTERM. Fails if CMD fails, if rebound does
 # not exit 0, or if its log shows a sanitizer report. Exit 77 (skip) without
-# a broker.
+# a broker. REBOUND_WRAPPER, if set, runs rebound under a command (e.g.
+# "valgrind --leak-check=full --error-exitcode=9").
 set -euo pipefail
 bin=$1
 shift
@@ -13,11 +14,11 @@ hostport=${REBOUND_TEST_BROKER#amqp://*@}
 hostport=${hostport%/}
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$(mktemp)
-"$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug 2>"$log" &
+${REBOUND_WRAPPER:-} "$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug 2>"$log" &
 pid=$!
 cleanup() { kill -KILL "$pid" 2>/dev/null || true; rm -f "$log"; }
 trap cleanup EXIT
-for _ in $(seq 100); do
+for _ in $(seq 400); do
   grep -q 'msg=listening' "$log" && break
   kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "rebound exited early"; exit 1; }
   sleep 0.05
