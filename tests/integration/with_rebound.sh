@@ -23,7 +23,7 @@ for _ in $(seq 400); do
   kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "rebound exited early"; exit 1; }
   sleep 0.05
 done
-export REBOUND_PROXY_HOST=127.0.0.1 REBOUND_PROXY_PORT=$port
+export REBOUND_PROXY_HOST=127.0.0.1 REBOUND_PROXY_PORT=$port REBOUND_PID=$pid
 export REBOUND_PROXY_URL="amqp://guest:guest@127.0.0.1:$port/%2F"
 status=0
 "$@" || status=$?
