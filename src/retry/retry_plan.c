@@ -1,0 +1,118 @@
+#include "retry_plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "retry_policy.h"
+
+const char *retry_pass_reason_str(retry_pass_reason r) {
+  switch (r) {
+#define RETRY__PASS_STR(name, text)                                            \
+  case RETRY_PASS_##name:                                                      \
+    return text;
+    RETRY_PASS_MAP(RETRY__PASS_STR)
+#undef RETRY__PASS_STR
+  }
+  return "?";
+}
+
+void retry_rule_default(retry_rule *r) {
+  memset(r, 0, sizeof *r);
+  strcpy(r->globs[0], "*");
+  r->nglobs = 1;
+  r->tiers_ms[0] = 1000;
+  r->tiers_ms[1] = 2000;
+  r->tiers_ms[2] = 4000;
+  r->ntiers = 3;
+  r->max_attempts = 4;
+  strcpy(r->dead_letter, "{queue}.dlq");
+}
+
+const retry_rule *retry_match(const retry_policy *p, const char *queue,
+                              size_t len) {
+  for (unsigned i = 0; i < p->nrules; i++)
+    for (unsigned g = 0; g < p->rules[i].nglobs; g++)
+      if (retry_glob_match(p->rules[i].globs[g], queue, len))
+        return &p->rules[i];
+  return NULL;
+}
+
+int retry_tier_name(const retry_rule *rule, unsigned tier, const char *queue,
+                    size_t len, char *out, size_t cap) {
+  char delay[16];
+  if (tier >= rule->ntiers ||
+      retry_delay_format(rule->tiers_ms[tier], delay, sizeof delay) < 0)
+    return -1;
+  int n = snprintf(out, cap, "%.*s.retry.%s", (int)len, queue, delay);
+  return (n < 0 || (size_t)n >= cap || n > RETRY_NAME_MAX) ? -1 : n;
+}
+
+int retry_dlq_name(const retry_rule *rule, const char *queue, size_t len,
+                   char *out, size_t cap) {
+  static const char token[] = "{queue}";
+  size_t o = 0;
+  for (const char *p = rule->dead_letter; *p;) {
+    const char *piece = p;
+    size_t plen = 1;
+    if (strncmp(p, token, sizeof token - 1) == 0) {
+      piece = queue;
+      plen = len;
+      p += sizeof token - 1;
+    } else {
+      p++;
+    }
+    if (plen > cap - o - 1 || o + plen > RETRY_NAME_MAX)
+      return -1;
+    memcpy(out + o, piece, plen);
+    o += plen;
+  }
+  out[o] = '\0';
+  return (int)o;
+}
+
+int retry_header_name(const retry_policy *p, const char *suffix, char *out,
+                      size_t cap) {
+  int n = snprintf(out, cap, "%s%s", p->header_prefix, suffix);
+  return (n < 0 || (size_t)n >= cap || n > RETRY_NAME_MAX) ? -1 : n;
+}
+
+static void pass(retry_plan *plan, retry_pass_reason why) {
+  plan->action = RETRY_PASS;
+  plan->reason = why;
+}
+
+void retry_decide(const retry_rule *rule, const char *queue, size_t len,
+                  int64_t count, retry_plan *plan) {
+  memset(plan, 0, sizeof *plan);
+  if (!rule) {
+    pass(plan, RETRY_PASS_NO_POLICY);
+    return;
+  }
+  if (len >= 4 && memcmp(queue, "amq.", 4) == 0) {
+    pass(plan, RETRY_PASS_SERVER_NAMED);
+    return;
+  }
+  if (count < -1 || count >= UINT32_MAX - 1) {
+    pass(plan, RETRY_PASS_BAD_COUNT);
+    return;
+  }
+  uint32_t k = count < 0 ? 1 : (uint32_t)count + 1;
+  plan->attempt = k;
+  plan->new_count = k;
+  int n;
+  if (k >= rule->max_attempts || rule->ntiers == 0) {
+    plan->action = RETRY_DEAD_LETTER;
+    n = retry_dlq_name(rule, queue, len, plan->target, sizeof plan->target);
+  } else {
+    plan->action = RETRY_REPUBLISH;
+    plan->tier = (k < rule->ntiers ? k : rule->ntiers) - 1;
+    plan->delay_ms = rule->tiers_ms[plan->tier];
+    n = retry_tier_name(rule, plan->tier, queue, len, plan->target,
+                        sizeof plan->target);
+  }
+  if (n < 0) {
+    pass(plan, RETRY_PASS_NAME_TOO_LONG);
+    return;
+  }
+  plan->target_len = (size_t)n;
+}

@@ -1,0 +1,102 @@
+/* retry_plan.h - rebound's retry decision, pure.
+ *
+ * Given the policy, the queue a delivery came from and the retry count it
+ * carries, decide what a failure (nack/reject with requeue) becomes:
+ * republish to a delay tier with count+1, dead-letter, or pass through
+ * unchanged. Also names the queues and describes their arguments, so the
+ * proxy only has to send what is decided here. No I/O, no clock.
+ *
+ * Semantics (DESIGN.md, "Retry policy"): attempt 1 is the first delivery.
+ * A delivery carrying count c is attempt k = c + 1. Its failure, when
+ * k < max_attempts, goes to tier min(k, ntiers) with count k; when
+ * k >= max_attempts, to the dead-letter queue. A poison message is thus
+ * delivered exactly max_attempts times.
+ */
+#ifndef RETRY_PLAN_H
+#define RETRY_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RETRY_MAX_TIERS 16
+#define RETRY_MAX_GLOBS 16
+#define RETRY_NAME_MAX 255 /* AMQP shortstr, and the broker's limit */
+
+typedef struct retry_rule {
+  char globs[RETRY_MAX_GLOBS][RETRY_NAME_MAX + 1];
+  unsigned nglobs;
+  uint32_t tiers_ms[RETRY_MAX_TIERS];
+  unsigned ntiers;
+  uint32_t max_attempts;
+  char dead_letter[RETRY_NAME_MAX + 1]; /* "{queue}" is replaced */
+} retry_rule;
+
+typedef struct retry_policy {
+  char header_prefix[64];
+  retry_rule *rules; /* first match wins */
+  unsigned nrules;
+} retry_policy;
+
+/* A rule with DESIGN.md's defaults: every queue, tiers 1s/2s/4s,
+ * max_attempts 4, dead letter "{queue}.dlq". */
+void retry_rule_default(retry_rule *r);
+
+/* The first rule whose globs match `queue` (len bytes), or NULL. */
+const retry_rule *retry_match(const retry_policy *p, const char *queue,
+                              size_t len);
+
+typedef enum retry_action {
+  RETRY_PASS,        /* forward the client's nack/reject unchanged */
+  RETRY_REPUBLISH,   /* copy to plan.target (a tier), then ack */
+  RETRY_DEAD_LETTER, /* copy to plan.target (the DLQ), then ack */
+} retry_action;
+
+/* Why a failure passes through. X(name, text) */
+#define RETRY_PASS_MAP(X)                                                      \
+  X(NONE, "-")                                                                 \
+  X(NO_POLICY, "no policy for the queue")                                      \
+  X(SERVER_NAMED, "server-named queue (amq.*)")                                \
+  X(NAME_TOO_LONG, "tier or dead-letter name over 255 bytes")                  \
+  X(BAD_COUNT, "retry count header is not a non-negative integer")
+
+typedef enum retry_pass_reason {
+#define RETRY__PASS_ENUM(name, text) RETRY_PASS_##name,
+  RETRY_PASS_MAP(RETRY__PASS_ENUM)
+#undef RETRY__PASS_ENUM
+} retry_pass_reason;
+
+const char *retry_pass_reason_str(retry_pass_reason r);
+
+typedef struct retry_plan {
+  retry_action action;
+  retry_pass_reason reason; /* for RETRY_PASS */
+  uint32_t attempt;         /* the attempt that failed (1-based) */
+  uint32_t new_count;       /* count header for the copy */
+  unsigned tier;            /* index into tiers_ms (REPUBLISH) */
+  uint32_t delay_ms;
+  char target[RETRY_NAME_MAX + 1]; /* tier queue or DLQ */
+  size_t target_len;
+} retry_plan;
+
+/* Decide for one failed delivery. `rule` may be NULL (no policy).
+ * `count` is the retry count header's value, or -1 when absent; any other
+ * negative value is invalid. Always fills `*plan`. */
+void retry_decide(const retry_rule *rule, const char *queue, size_t len,
+                  int64_t count, retry_plan *plan);
+
+/* "Q.retry.<delay>" for tier i of `rule` into out (cap >= 256). Returns
+ * the length, or -1 when it would exceed 255 bytes. */
+int retry_tier_name(const retry_rule *rule, unsigned tier, const char *queue,
+                    size_t len, char *out, size_t cap);
+
+/* The dead-letter queue name for `queue`. Same contract. */
+int retry_dlq_name(const retry_rule *rule, const char *queue, size_t len,
+                   char *out, size_t cap);
+
+/* Header names: prefix + suffix ("rebound-" + "retry-count"). Returns the
+ * length or -1 if it does not fit `cap`. */
+int retry_header_name(const retry_policy *p, const char *suffix, char *out,
+                      size_t cap);
+
+#endif
