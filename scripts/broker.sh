@@ -220,7 +220,7 @@ EOF
         export HOME=$DIR/home ERL_CRASH_DUMP=$DIR/log/erl_crash.dump
         export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-setcookie $cookie -kernel inet_dist_use_interface {127,0,0,1}"
         cd "$DIR"
-        exec 9>&-   # the node must not hold the DIR lock
+        exec 9>&- 8>&-   # the node must not hold the locks
         exec setsid nohup "$RMQ_BIN/rabbitmq-server" \
             >>"$DIR/log/startup.log" 2>&1 </dev/null
     ) &
@@ -260,7 +260,12 @@ exec 9>"$DIR/.lock"
 flock -w 180 9 || die "timed out waiting for the lock on $DIR"
 
 case $cmd in
-    start) do_start ;;
+    start)
+        # Nodes in other DIRs choose ports too: one start at a time on the
+        # machine, so two of them never pick the same free port.
+        exec 8>/tmp/rebound-broker-start.lock
+        flock -w 300 8 || die "timed out waiting for the machine-wide start lock"
+        do_start ;;
     stop) do_stop ;;
     *) usage ;;
 esac

@@ -54,9 +54,9 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (uv_loop_init(&loop) != 0)
     return 1;
-  if (px_server_start(&srv, &loop, &cfg) != 0)
-    return 1;
-  uv_run(&loop, UV_RUN_DEFAULT);
+  int rc = px_server_start(&srv, &loop, &cfg) == 0 ? 0 : 1;
+  if (rc == 0)
+    uv_run(&loop, UV_RUN_DEFAULT);
 
   /* drained (or stopped): close what is left and let callbacks finish */
   uv_walk(&loop, close_walk, NULL);
@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
   if (uv_loop_close(&loop) != 0)
     px_warn("exit", "%s", "reason=\"handles left open\"");
   px_chunk_pool_drain();
-  px_info("exit", "sessions_total=%llu",
-          (unsigned long long)srv.stats.sessions_total);
-  return 0;
+  if (rc == 0)
+    px_info("exit", "sessions_total=%llu",
+            (unsigned long long)srv.stats.sessions_total);
+  return rc;
 }

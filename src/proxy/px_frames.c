@@ -125,12 +125,12 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     break;
   case AMQP_CHANNEL_CLOSE: {
     amqp_bytes text = m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
+    char q[300];
     s->srv->stats.own_channel_errors++;
-    px_warn("own_channel_closed",
-            "id=%llu peer=%s channel=%u code=%u text=\"%.*s\"",
+    px_warn("own_channel_closed", "id=%llu peer=%s channel=%u code=%u text=%s",
             (unsigned long long)s->id, s->peer, (unsigned)s->own_ch,
-            (unsigned)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u, (int)text.len,
-            (const char *)text.ptr);
+            (unsigned)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
+            px_log_quote(q, sizeof q, (const char *)text.ptr, text.len));
     amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
     px__emit_method(s, &s->upstream, s->own_ch, &m);
     if (s->own_state == PX_OWN_CLOSING || s->yield_requested) {
@@ -180,7 +180,7 @@ void px__chans_free(px_session *s) {
 
 static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
                                px_chan **hold_chan) {
-  if (s->state != PX_S_OPEN || ch > s->channel_max ||
+  if (!s->by_client.blocks || ch > s->channel_max ||
       px_tab_get(&s->by_client, ch))
     return PX_FORWARD; /* the broker answers that */
   px_chan *c = calloc(1, sizeof *c);
@@ -406,13 +406,15 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
  */
 
 static void log_open(px_session *s) {
-  char addr[300];
+  char addr[300], user[160], vhost[160];
   px_addr_format(&s->srv->cfg->upstream[s->upstream_idx], addr, sizeof addr);
   px_info("session_open",
           "id=%llu peer=%s user=%s vhost=%s upstream=%s channel_max=%u "
           "frame_max=%u heartbeat=%u",
-          (unsigned long long)s->id, s->peer, s->user[0] ? s->user : "-",
-          s->vhost, addr, (unsigned)s->channel_max, (unsigned)s->frame_max,
+          (unsigned long long)s->id, s->peer,
+          px_log_quote(user, sizeof user, s->user, SIZE_MAX),
+          px_log_quote(vhost, sizeof vhost, s->vhost, SIZE_MAX), addr,
+          (unsigned)s->channel_max, (unsigned)s->frame_max,
           (unsigned)s->heartbeat);
 }
 
@@ -438,10 +440,11 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
   case AMQP_CONNECTION_CLOSE:
     if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
       amqp_bytes t = m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b;
-      px_info("broker_close", "id=%llu peer=%s code=%u text=\"%.*s\"",
+      char q[300];
+      px_info("broker_close", "id=%llu peer=%s code=%u text=%s",
               (unsigned long long)s->id, s->peer,
               (unsigned)m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u,
-              (int)t.len, (const char *)t.ptr);
+              px_log_quote(q, sizeof q, (const char *)t.ptr, t.len));
     }
     px__set_state(s, PX_S_CLOSING);
     break;

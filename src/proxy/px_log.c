@@ -22,6 +22,34 @@ int px_log_level_parse(const char *s, px_log_level *out) {
   return -1;
 }
 
+char *px_log_quote(char *out, size_t cap, const char *s, size_t len) {
+  size_t o = 0;
+  if (cap < 3) {
+    if (cap)
+      out[0] = '\0';
+    return out;
+  }
+  out[o++] = '"';
+  for (size_t i = 0; s && i < len && s[i]; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    char esc[5];
+    int n;
+    if (ch == '"' || ch == '\\')
+      n = snprintf(esc, sizeof esc, "\\%c", ch);
+    else if (ch < 0x20 || ch == 0x7f)
+      n = snprintf(esc, sizeof esc, "\\x%02x", ch);
+    else
+      n = snprintf(esc, sizeof esc, "%c", ch);
+    if (o + (size_t)n + 2 > cap)
+      break;
+    memcpy(out + o, esc, (size_t)n);
+    o += (size_t)n;
+  }
+  out[o++] = '"';
+  out[o] = '\0';
+  return out;
+}
+
 void px_log(px_log_level level, const char *msg, const char *fmt, ...) {
   char line[1024];
   struct timeval tv;

@@ -6,6 +6,8 @@
 #ifndef PX_LOG_H
 #define PX_LOG_H
 
+#include <stddef.h>
+
 typedef enum px_log_level {
   PX_LOG_DEBUG,
   PX_LOG_INFO,
@@ -18,6 +20,11 @@ void px_log_set_level(px_log_level level);
 
 /* Parse "debug", "info", "warn" or "error"; returns -1 for anything else. */
 int px_log_level_parse(const char *s, px_log_level *out);
+
+/* Quote a value for a log line: "..." with backslash, double quote and
+ * control bytes escaped, cut to fit `cap`. `len` bytes of `s` are read
+ * (SIZE_MAX: up to its NUL). Returns `out`. */
+char *px_log_quote(char *out, size_t cap, const char *s, size_t len);
 
 /* Write one line: `msg` is a short event name, `fmt` the key=value rest. */
 void px_log(px_log_level level, const char *msg, const char *fmt, ...)

@@ -9,12 +9,12 @@
 static void on_connection(uv_stream_t *listener, int status) {
   px_server *srv = listener->data;
   if (status < 0) {
-    px_warn("accept_failed", "error=%s", uv_strerror(status));
+    px_warn("accept_failed", "error=\"%s\"", uv_strerror(status));
     return;
   }
   int rc = px_session_accept(srv, listener);
   if (rc < 0)
-    px_warn("accept_failed", "error=%s", uv_strerror(rc));
+    px_warn("accept_failed", "error=\"%s\"", uv_strerror(rc));
 }
 
 static void stop_loop_if_done(px_server *srv) {

@@ -97,13 +97,17 @@ void px_session_close(px_session *s, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
   uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
+  char user[160], vhost[160], why[160];
   px_info("session_close",
           "id=%llu peer=%s user=%s vhost=%s state=%s duration_ms=%llu "
-          "bytes_from_client=%llu bytes_to_client=%llu reason=\"%s\"",
-          (unsigned long long)s->id, s->peer, s->user[0] ? s->user : "-",
-          s->vhost[0] ? s->vhost : "-", px_state_name(s->state),
-          (unsigned long long)ms, (unsigned long long)s->client.bytes_in,
-          (unsigned long long)s->client.bytes_out, s->close_reason);
+          "bytes_from_client=%llu bytes_to_client=%llu reason=%s",
+          (unsigned long long)s->id, s->peer,
+          px_log_quote(user, sizeof user, s->user, SIZE_MAX),
+          px_log_quote(vhost, sizeof vhost, s->vhost, SIZE_MAX),
+          px_state_name(s->state), (unsigned long long)ms,
+          (unsigned long long)s->client.bytes_in,
+          (unsigned long long)s->client.bytes_out,
+          px_log_quote(why, sizeof why, s->close_reason, SIZE_MAX));
   px__set_state(s, PX_S_CLOSED);
   uv_timer_stop(&s->timer);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
@@ -148,7 +152,7 @@ static void on_write(uv_write_t *req, int status) {
   if (s->state == PX_S_CLOSED)
     return;
   if (status < 0) {
-    px_warn("write_failed", "id=%llu peer=%s side=%s error=%s",
+    px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
             (unsigned long long)s->id, s->peer, side->name,
             uv_strerror(status));
     px_session_close(s, side == &s->client ? "client write failed"
@@ -338,12 +342,16 @@ static int check_client_header(px_session *s, px_chunk *c) {
   if (rc == AMQP_PARTIAL)
     return 0;
   if (rc < 0) {
-    char what[64];
+    char what[64], q[160];
     amqp_protocol_header_describe(c->data + c->off, c->len - c->off, what,
                                   sizeof what);
     px_warn("bad_protocol_header", "id=%llu peer=%s sent=%s",
-            (unsigned long long)s->id, s->peer, what);
+            (unsigned long long)s->id, s->peer,
+            px_log_quote(q, sizeof q, what, SIZE_MAX));
     s->srv->stats.protocol_errors++;
+    c->off = c->len; /* answered once; nothing more is read from it */
+    s->proxy_closing = true;
+    px__set_state(s, PX_S_CLOSING);
     px__emit(s, &s->client, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
     px__close_after_flush(s, &s->client, "bad protocol header");
     return -1;
@@ -402,9 +410,13 @@ static void process_input(px_session *s, px_side *from) {
     if (n == AMQP_PARTIAL)
       break;
     if (n < 0) {
+      /* The stream is out of step: drop what is buffered. A peer told
+       * to close answers in a later read, parsed afresh; while closing,
+       * further garbage is dropped without another log line. */
       run_flush(s);
-      s->run.to = NULL;
-      input_error(s, from, n);
+      c->off = c->len;
+      if (!s->proxy_closing)
+        input_error(s, from, n);
       break;
     }
     uint8_t *raw = c->data + c->off;
@@ -468,7 +480,7 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   side->reading = false;
   if (side == &s->client) {
     if (!clean)
-      px_info("client_error", "id=%llu peer=%s error=%s",
+      px_info("client_error", "id=%llu peer=%s error=\"%s\"",
               (unsigned long long)s->id, s->peer, uv_strerror((int)err));
     px__close_after_flush(s, &s->upstream,
                           s->state == PX_S_CLOSING ? "client closed"
@@ -482,7 +494,7 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
                                                    : "broker disconnected");
     return;
   }
-  px_warn("upstream_lost", "id=%llu peer=%s error=%s",
+  px_warn("upstream_lost", "id=%llu peer=%s error=\"%s\"",
           (unsigned long long)s->id, s->peer,
           clean ? "connection closed by broker" : uv_strerror((int)err));
   s->close_reason = "broker connection lost";
@@ -548,6 +560,8 @@ static void on_connect(uv_connect_t *req, int status) {
   }
   s->upstream.connected = true;
   uv_tcp_nodelay(&s->upstream.tcp, 1);
+  if (s->state != PX_S_CONNECTING)
+    return; /* already closing (a bad protocol header) */
   side_start_reading(&s->upstream);
   if (s->client.in && s->client.in->len > s->client.in->off) {
     process_input(s, &s->client);
@@ -603,8 +617,10 @@ static void upstream_try_next(px_session *s) {
   struct sockaddr_storage ss;
 
   if (s->upstream_idx >= cfg->n_upstreams) {
-    px_error("upstream_unreachable", "id=%llu peer=%s tried=\"%s\"",
-             (unsigned long long)s->id, s->peer, s->upstream_errors);
+    char tried[512];
+    px_error("upstream_unreachable", "id=%llu peer=%s tried=%s",
+             (unsigned long long)s->id, s->peer,
+             px_log_quote(tried, sizeof tried, s->upstream_errors, SIZE_MAX));
     px_session_close(s, "no upstream reachable");
     return;
   }
