@@ -1,0 +1,119 @@
+"""The broker goes away and comes back, behind the same rebound. Uses a
+private extra RabbitMQ node (scripts/broker.sh on its own directory), never
+the shared test broker."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pika
+import pytest
+from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
+
+import rbtest
+
+BROKER_SH = os.path.join(rbtest.REPO, "scripts", "broker.sh")
+
+
+def broker_sh(cmd, state_dir, timeout=180):
+    p = subprocess.run([BROKER_SH, cmd, state_dir], capture_output=True,
+                       text=True, timeout=timeout)
+    assert p.returncode == 0, "broker.sh %s failed: %s%s" % (cmd, p.stdout, p.stderr)
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def private_broker():
+    if not os.access(BROKER_SH, os.X_OK):
+        pytest.skip("needs scripts/broker.sh")
+    state_dir = tempfile.mkdtemp(prefix="rb-restart-")
+    try:
+        out = broker_sh("start", state_dir)
+        url = [l for l in out.splitlines() if l.startswith("REBOUND_TEST_BROKER=")][-1]
+        b = rbtest.Broker(url.split("=", 1)[1], state_dir)
+        # broker.sh reports the port it was asked about; make sure the node
+        # in *our* directory is the one answering there
+        assert os.path.exists(os.path.join(state_dir, "rabbitmq.pid")), \
+            "the private broker did not start (pid file missing)"
+        yield b
+    finally:
+        subprocess.run([BROKER_SH, "stop", state_dir], capture_output=True,
+                       timeout=120)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def pump_until_closed(conn, timeout):
+    """Process pika's I/O until the connection closes; returns the
+    exception that ended it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn.process_data_events(time_limit=0.2)
+        except AMQPConnectionError as e:
+            return e
+    raise AssertionError("pika connection still open after %ss" % timeout)
+
+
+def test_broker_restart_clean_close_and_reconnect(rebound_factory, private_broker):
+    pb = private_broker
+    rb = rebound_factory(upstream=pb.addr)
+    conn = rb.pika(pb)
+    ch = conn.channel()
+    q = rbtest.uniq("restart")
+    ch.queue_declare(q, durable=True)
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"survives", pika.BasicProperties(delivery_mode=2))
+
+    # 1. graceful stop: the broker's own connection.close reaches pika
+    stopper = subprocess.Popen([BROKER_SH, "stop", pb.dir],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        err = pump_until_closed(conn, timeout=60)
+    finally:
+        stopper.wait(120)
+    assert isinstance(err, ConnectionClosedByBroker), repr(err)
+    assert err.reply_code == 320, err
+    assert "CONNECTION_FORCED" in err.reply_text
+    rb.wait_conn_sockets(0, timeout=10)
+    assert rb.wait_log("broker_close", code=320)
+
+    # 2. broker down: a client is refused promptly (no hang), the log names
+    # the address that failed
+    t0 = time.monotonic()
+    with pytest.raises(AMQPConnectionError):
+        rb.pika(pb)
+    assert time.monotonic() - t0 < 10
+    line = rb.wait_log("upstream_unreachable")
+    assert pb.addr in line["tried"]
+    rb.wait_conn_sockets(0, timeout=10)
+    assert rb.alive()
+
+    # 3. back up: the same rebound carries new connections, same broker data
+    broker_sh("start", pb.dir)
+    conn = rb.pika(pb)
+    ch = conn.channel()
+    m, _, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"survives"
+    ch.basic_publish("", q, b"after-restart")
+    assert ch.basic_get(q, auto_ack=True)[2] == b"after-restart"
+
+    # 4. broker dies without a word (SIGKILL): rebound tells the client
+    # with a connection.close of its own (320) instead of leaving it hanging
+    with open(os.path.join(pb.dir, "rabbitmq.pid")) as f:
+        beam = int(f.read().strip())
+    os.kill(beam, signal.SIGKILL)
+    err = pump_until_closed(conn, timeout=30)
+    assert isinstance(err, ConnectionClosedByBroker), repr(err)
+    assert err.reply_code == 320, err
+    assert rb.wait_log("upstream_lost")
+    rb.wait_conn_sockets(0, timeout=10)
+
+    # 5. and once more back up
+    broker_sh("start", pb.dir)
+    conn = rb.pika(pb)
+    ch = conn.channel()
+    ch.queue_delete(q)
+    conn.close()
+    rb.wait_conn_sockets(0)

@@ -1,0 +1,87 @@
+"""SIGTERM/SIGINT: stop accepting, connection.close 320 to every client,
+wait for them (up to --drain-timeout), exit 0."""
+import signal
+import socket
+import time
+
+import pytest
+from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
+
+import amqp_raw as a
+import rbtest
+
+
+def pump_until_closed(conn, deadline):
+    while time.monotonic() < deadline:
+        try:
+            conn.process_data_events(time_limit=0.1)
+        except AMQPConnectionError as e:
+            return e
+    return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT],
+                         ids=["SIGTERM", "SIGINT"])
+def test_drain_three_pika_clients(rebound_factory, broker, ctl, sig):
+    rb = rebound_factory("--drain-timeout", "5s")
+    conns = [rb.pika(broker) for _ in range(3)]
+    for c in conns:
+        ch = c.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", q, b"x")
+        assert ch.basic_get(q, auto_ack=True)[2] == b"x"
+    ports = rbtest.upstream_ports(rb)
+    assert len(ports) == 3
+
+    t0 = time.monotonic()
+    rb.signal(sig)
+    errors = [pump_until_closed(c, t0 + 10) for c in conns]
+    for e in errors:
+        assert isinstance(e, ConnectionClosedByBroker), repr(e)
+        assert e.reply_code == 320
+        assert "rebound shutting down" in e.reply_text
+    rc = rb.wait_exit(timeout=10)
+    took = time.monotonic() - t0
+    assert rc == 0, "exit status %r" % rc
+    assert took < 5, "took %.1fs with every client answering at once" % took
+    assert rb.log_lines("shutdown", signal=int(sig))
+    assert rb.log_lines("exit")
+    assert not rb.log_lines("drain_timeout")
+    # rebound closed its upstream connections properly
+    rbtest.wait_until(lambda: not (set(ctl.connections()) & ports), 20,
+                      "the broker to see the 3 upstream connections go")
+
+
+def test_drain_timeout_with_a_client_that_never_answers(rebound_factory, broker):
+    rb = rebound_factory("--drain-timeout", "1s")
+    c = a.RawClient(rb.port)
+    c.handshake(broker.user, broker.password, broker.vhost)
+    t0 = time.monotonic()
+    rb.signal(signal.SIGTERM)
+    code, text, _, _ = c.expect_connection_close(timeout=5)
+    assert code == 320 and "rebound shutting down" in text
+    # new connections are refused once shutdown began
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", rb.port), timeout=2).close()
+    # the client never sends close-ok: rebound still exits, in time
+    rc = rb.wait_exit(timeout=10)
+    took = time.monotonic() - t0
+    assert rc == 0
+    assert took < 1 + 1.5, "exited %.1fs after SIGTERM, drain timeout 1s" % took
+    assert rb.log_lines("drain_timeout", sessions_left=1)
+    assert c.wait_eof(timeout=2) >= 0
+    c.close()
+
+
+def test_second_signal_during_drain_is_harmless(rebound_factory, broker):
+    rb = rebound_factory("--drain-timeout", "3s")
+    c = a.RawClient(rb.port)
+    c.handshake(broker.user, broker.password, broker.vhost)
+    rb.signal(signal.SIGTERM)
+    assert c.expect_connection_close(timeout=5)[0] == 320
+    rb.signal(signal.SIGTERM)
+    rb.signal(signal.SIGINT)
+    c.send(a.connection_close_ok())
+    c.wait_eof(timeout=5)
+    c.close()
+    assert rb.wait_exit(timeout=10) == 0
