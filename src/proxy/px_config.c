@@ -1,5 +1,6 @@
 #include "px_config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,48 +42,142 @@ char *px_addr_format(const px_addr *a, char *out, size_t cap) {
   return out;
 }
 
-/* Each option type's parser: 0 or -1. */
-static int parse_ADDR(px_config *c, const char *v) {
-  return px_addr_parse(v, &c->listen);
-}
-
-static int parse_ADDRS(px_config *c, const char *v) {
-  char buf[2048];
-  unsigned n = 0;
+/* Call fn on each comma-separated, non-empty item of v (at most 4 KiB). */
+static int each_item(const char *v, int (*fn)(const char *item, void *arg),
+                     void *arg) {
+  char buf[4096];
+  int n = 0;
   if (strlen(v) >= sizeof buf)
     return -1;
   strcpy(buf, v);
   for (char *save, *tok = strtok_r(buf, ",", &save); tok;
        tok = strtok_r(NULL, ",", &save)) {
-    if (n == PX_MAX_UPSTREAMS || px_addr_parse(tok, &c->upstream[n]) != 0)
+    while (*tok == ' ')
+      tok++;
+    if (!*tok || fn(tok, arg) != 0)
       return -1;
     n++;
   }
-  if (n == 0)
+  return n > 0 ? 0 : -1;
+}
+
+static int add_tier(const char *item, void *arg) {
+  retry_rule *r = arg;
+  if (r->ntiers == RETRY_MAX_TIERS)
     return -1;
-  c->n_upstreams = n;
+  return retry_delay_parse(item, strlen(item), &r->tiers_ms[r->ntiers++]);
+}
+
+static int add_glob(const char *item, void *arg) {
+  retry_rule *r = arg;
+  if (r->nglobs == RETRY_MAX_GLOBS || strlen(item) > RETRY_NAME_MAX)
+    return -1;
+  strcpy(r->globs[r->nglobs++], item);
   return 0;
 }
 
-static int parse_LOG_LEVEL(px_config *c, const char *v) {
-  return px_log_level_parse(v, &c->log_level);
+int px_parse_tiers(const char *v, retry_rule *r) {
+  r->ntiers = 0;
+  return each_item(v, add_tier, r);
+}
+
+int px_parse_globs(const char *v, retry_rule *r) {
+  r->nglobs = 0;
+  return each_item(v, add_glob, r);
+}
+
+int px_parse_size(const char *v, uint64_t *out) {
+  static const struct {
+    const char *unit;
+    uint64_t mult;
+  } units[] = {{"", 1},
+               {"B", 1},
+               {"KiB", 1ull << 10},
+               {"MiB", 1ull << 20},
+               {"GiB", 1ull << 30},
+               {"KB", 1000},
+               {"MB", 1000000},
+               {"GB", 1000000000}};
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (end == v || errno || *v == '-')
+    return -1;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].unit) == 0) {
+      if (n > UINT64_MAX / units[i].mult)
+        return -1;
+      *out = n * units[i].mult;
+      return 0;
+    }
+  return -1;
+}
+
+static int add_upstream(const char *item, void *arg) {
+  px_config *c = arg;
+  if (c->n_upstreams == PX_MAX_UPSTREAMS)
+    return -1;
+  return px_addr_parse(item, &c->upstream[c->n_upstreams++]);
+}
+
+/* Each option type's parser: 0 or -1. */
+static int parse_PATH(px_config *c, char *field, size_t cap, const char *v) {
+  (void)c;
+  if (strlen(v) >= cap)
+    return -1;
+  strcpy(field, v);
+  return 0;
+}
+
+static int parse_ADDR(px_config *c, px_addr *field, const char *v) {
+  (void)c;
+  return px_addr_parse(v, field);
+}
+
+static int parse_ADDRS(px_config *c, const char *v) {
+  c->n_upstreams = 0;
+  return each_item(v, add_upstream, c);
 }
 
 static int parse_DURATION(uint32_t *field, const char *v) {
   return retry_delay_parse(v, strlen(v), field);
 }
 
-/* Dispatch by option: ADDR/ADDRS/LOG_LEVEL write their own field,
- * DURATION writes the field named in the table. */
-#define PARSE_ADDR(c, field, v) parse_ADDR(c, v)
+static int parse_PREFIX(px_config *c, const char *v) {
+  if (strlen(v) >= sizeof c->retry.header_prefix)
+    return -1;
+  strcpy(c->retry.header_prefix, v);
+  return 0;
+}
+
+static int parse_ATTEMPTS(px_config *c, const char *v) {
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end || n < 1 || n > 1000000)
+    return -1;
+  c->override.rule.max_attempts = (uint32_t)n;
+  c->override.max_attempts = true;
+  return 0;
+}
+
+#define PARSE_PATH(c, field, v) parse_PATH(c, (c)->field, sizeof(c)->field, v)
+#define PARSE_ADDR(c, field, v) parse_ADDR(c, &(c)->field, v)
 #define PARSE_ADDRS(c, field, v) parse_ADDRS(c, v)
-#define PARSE_LOG_LEVEL(c, field, v) parse_LOG_LEVEL(c, v)
+#define PARSE_LOG_LEVEL(c, field, v) px_log_level_parse(v, &(c)->field)
 #define PARSE_DURATION(c, field, v) parse_DURATION(&(c)->field, v)
+#define PARSE_SIZE(c, field, v) px_parse_size(v, &(c)->field)
+#define PARSE_PREFIX(c, field, v) parse_PREFIX(c, v)
+#define PARSE_GLOBS(c, field, v)                                               \
+  ((c)->override.queues = true, px_parse_globs(v, &(c)->override.rule))
+#define PARSE_TIERS(c, field, v)                                               \
+  ((c)->override.tiers = true, px_parse_tiers(v, &(c)->override.rule))
+#define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
 
 static const struct option_desc {
-  const char *flag, *env, *def, *help, *type;
+  const char *flag, *env, *key, *def, *help;
 } options[] = {
-#define DESC(field, flag, env, type, def, help) {flag, env, def, help, #type},
+#define DESC(field, flag, env, key, type, def, help)                           \
+  {flag, env, key, def, help},
     PX_OPTIONS(DESC)
 #undef DESC
 };
@@ -90,7 +185,7 @@ enum { N_OPTIONS = sizeof options / sizeof options[0] };
 
 static int set_option(px_config *c, int i, const char *v) {
   int k = 0;
-#define SET(field, flag, env, type, def, help)                                 \
+#define SET(field, flag, env, key, type, def, help)                            \
   if (k++ == i)                                                                \
     return PARSE_##type(c, field, v);
   PX_OPTIONS(SET)
@@ -106,17 +201,67 @@ static int find_flag(const char *name, size_t len) {
   return -1;
 }
 
-px_config_result px_config_load(px_config *cfg, int argc, char **argv,
-                                const char *(*env)(const char *), char *err,
-                                size_t errlen) {
-  memset(cfg, 0, sizeof *cfg);
+int px_config_set(px_config *cfg, const char *flag, const char *value) {
+  int i = find_flag(flag, strlen(flag));
+  if (i < 0)
+    return -2;
+  return set_option(cfg, i, value) == 0 ? 0 : -1;
+}
+
+/* What a file's key names, for px_config_file.c: the flag of the option
+ * with that file key, or NULL. */
+const char *px__config_flag_for_key(const char *key);
+const char *px__config_flag_for_key(const char *key) {
   for (int i = 0; i < N_OPTIONS; i++)
-    if (set_option(cfg, i, options[i].def) != 0)
-      abort(); /* a default that does not parse is a bug */
+    if (options[i].key && strcmp(options[i].key, key) == 0)
+      return options[i].flag;
+  return NULL;
+}
+
+/* Retry settings from flags/env replace the rules with one. */
+static void apply_override(px_config *c) {
+  if (!c->override.tiers && !c->override.queues && !c->override.max_attempts)
+    return;
+  retry_rule r = c->retry.nrules ? c->rules[0] : c->override.rule;
+  if (!c->retry.nrules)
+    retry_rule_default(&r);
+  if (c->override.tiers) {
+    memcpy(r.tiers_ms, c->override.rule.tiers_ms, sizeof r.tiers_ms);
+    r.ntiers = c->override.rule.ntiers;
+  }
+  if (c->override.queues) {
+    memcpy(r.globs, c->override.rule.globs, sizeof r.globs);
+    r.nglobs = c->override.rule.nglobs;
+  }
+  if (c->override.max_attempts)
+    r.max_attempts = c->override.rule.max_attempts;
+  c->rules[0] = r;
+  c->retry.nrules = 1;
+}
+
+/* Where the config file is: the last --config flag, else REBOUND_CONFIG. */
+static const char *find_config_path(int argc, char **argv,
+                                    const char *(*env)(const char *)) {
+  const char *path = env ? env("REBOUND_CONFIG") : NULL;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--config") == 0 && a + 1 < argc)
+      path = argv[++a];
+    else if (strncmp(argv[a], "--config=", 9) == 0)
+      path = argv[a] + 9;
+  }
+  return path && *path ? path : NULL;
+}
+
+static px_config_result load_layers(px_config *cfg, int argc, char **argv,
+                                    const char *(*env)(const char *), char *err,
+                                    size_t errlen) {
+  const char *path = find_config_path(argc, argv, env);
+  if (path && px_config_read_file(cfg, path, err, errlen) != 0)
+    return PX_CONFIG_ERROR;
   for (int i = 0; env && i < N_OPTIONS; i++) {
     const char *v = env(options[i].env);
     if (v && *v && set_option(cfg, i, v) != 0) {
-      snprintf(err, errlen, "%s=%s: not a valid %s", options[i].env, v,
+      snprintf(err, errlen, "%s=%s: not a valid --%s", options[i].env, v,
                options[i].flag);
       return PX_CONFIG_ERROR;
     }
@@ -146,6 +291,22 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
   return PX_CONFIG_OK;
 }
 
+px_config_result px_config_load(px_config *cfg, int argc, char **argv,
+                                const char *(*env)(const char *), char *err,
+                                size_t errlen) {
+  memset(cfg, 0, sizeof *cfg);
+  for (int i = 0; i < N_OPTIONS; i++)
+    if (options[i].def && set_option(cfg, i, options[i].def) != 0)
+      abort(); /* a default that does not parse is a bug */
+  cfg->retry.rules = cfg->rules;
+  retry_rule_default(&cfg->rules[0]);
+  cfg->retry.nrules = 1;
+  px_config_result r = load_layers(cfg, argc, argv, env, err, errlen);
+  if (r == PX_CONFIG_OK)
+    apply_override(cfg);
+  return r;
+}
+
 void px_config_usage(void *file) {
   FILE *f = file;
   fputs("Usage: rebound [OPTIONS]\n"
@@ -154,13 +315,15 @@ void px_config_usage(void *file) {
         "basic.nack/basic.reject with requeue=true into a delayed, counted\n"
         "retry, and dead-letters a message after max_attempts.\n"
         "\n"
-        "Options (flag > environment > default):\n",
+        "Options (flag > environment > config file > default):\n",
         f);
   for (int i = 0; i < N_OPTIONS; i++)
-    fprintf(f, "  --%-20s %s\n  %-22s env %s, default %s\n", options[i].flag,
-            options[i].help, "", options[i].env, options[i].def);
-  fputs("  -h, --help               show this help and exit\n"
-        "  -V, --version            show the version and the libraries in "
+    fprintf(f, "  --%-22s %s\n  %-24s env %s%s%s\n", options[i].flag,
+            options[i].help, "", options[i].env,
+            options[i].def && *options[i].def ? ", default " : "",
+            options[i].def ? options[i].def : "");
+  fputs("  -h, --help                 show this help and exit\n"
+        "  -V, --version              show the version and the libraries in "
         "use\n",
         f);
 }

@@ -1,6 +1,6 @@
 /* px_config.h - rebound's settings: one table of options, each with a
- * flag, an environment variable and a default. Precedence: flag > env >
- * default.
+ * flag, an environment variable, a config-file key and a default.
+ * Precedence: flag > env > file > default.
  */
 #ifndef PX_CONFIG_H
 #define PX_CONFIG_H
@@ -10,8 +10,10 @@
 #include <stdint.h>
 
 #include "px_log.h"
+#include "retry_plan.h"
 
 #define PX_MAX_UPSTREAMS 8
+#define PX_MAX_RULES 16
 
 typedef struct px_addr {
   char host[256]; /* IPv4, IPv6 (no brackets) or a name */
@@ -25,20 +27,55 @@ typedef struct px_config {
   px_log_level log_level;
   uint32_t drain_timeout_ms;
   uint32_t handshake_timeout_ms;
+  uint32_t retry_finish_timeout_ms;
+  uint64_t cache_per_connection;
+  uint64_t cache_total;
+  char config_path[1024];
+
+  /* the retry policy: header prefix and rules, first match wins */
+  retry_policy retry;
+  retry_rule rules[PX_MAX_RULES];
+  /* retry settings given by flag or env replace the file's rules with one
+   * rule: the file's first (or the default) with these fields changed */
+  struct {
+    bool tiers, queues, max_attempts;
+    retry_rule rule;
+  } override;
 } px_config;
 
-/* X(field, flag, env, type, default, help) */
+/* X(field, flag, env, file key, type, default, help). The file key of the
+ * retry settings is under "retry:" (see px_config_file.c). */
 #define PX_OPTIONS(X)                                                          \
-  X(listen, "listen", "REBOUND_LISTEN", ADDR, "127.0.0.1:5673",                \
+  X(config_path, "config", "REBOUND_CONFIG", NULL, PATH, "",                   \
+    "YAML config file (flags and env override it)")                            \
+  X(listen, "listen", "REBOUND_LISTEN", "listen", ADDR, "127.0.0.1:5673",      \
     "HOST:PORT to accept AMQP clients on ([::1]:5673 for IPv6)")               \
-  X(upstream, "upstream", "REBOUND_UPSTREAM", ADDRS, "127.0.0.1:5672",         \
-    "RabbitMQ HOST:PORT[,HOST:PORT...], tried in order")                       \
-  X(log_level, "log-level", "REBOUND_LOG_LEVEL", LOG_LEVEL, "info",            \
-    "debug, info, warn or error")                                              \
-  X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT", DURATION,      \
-    "10s", "on SIGTERM/SIGINT, how long clients get to go")                    \
+  X(upstream, "upstream", "REBOUND_UPSTREAM", "upstreams", ADDRS,              \
+    "127.0.0.1:5672", "RabbitMQ HOST:PORT[,HOST:PORT...], tried in order")     \
+  X(log_level, "log-level", "REBOUND_LOG_LEVEL", "log_level", LOG_LEVEL,       \
+    "info", "debug, info, warn or error")                                      \
+  X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT",                \
+    "drain_timeout", DURATION, "10s",                                          \
+    "on SIGTERM/SIGINT, how long clients get to go")                           \
   X(handshake_timeout_ms, "handshake-timeout", "REBOUND_HANDSHAKE_TIMEOUT",    \
-    DURATION, "10s", "a connection not open by then is closed")
+    "handshake_timeout", DURATION, "10s",                                      \
+    "a connection not open by then is closed")                                 \
+  X(retry_finish_timeout_ms, "retry-finish-timeout",                           \
+    "REBOUND_RETRY_FINISH_TIMEOUT", "retry_finish_timeout", DURATION, "10s",   \
+    "a client gone with retries pending: how long to finish them")             \
+  X(cache_per_connection, "cache-per-connection",                              \
+    "REBOUND_CACHE_PER_CONNECTION", "cache_per_connection", SIZE, "8MiB",      \
+    "deliveries kept for retry, per connection (over it: pass-through)")       \
+  X(cache_total, "cache-total", "REBOUND_CACHE_TOTAL", "cache_total", SIZE,    \
+    "256MiB", "deliveries kept for retry, whole process")                      \
+  X(header_prefix, "header-prefix", "REBOUND_HEADER_PREFIX", "header_prefix",  \
+    PREFIX, "rebound-", "prefix of rebound's message headers")                 \
+  X(retry_queues, "retry-queues", "REBOUND_RETRY_QUEUES", NULL, GLOBS, NULL,   \
+    "queues to intercept: 'glob,glob' (default: all)")                         \
+  X(retry_tiers, "retry-tiers", "REBOUND_RETRY_TIERS", NULL, TIERS, NULL,      \
+    "delays before attempts 2, 3, ...: '1s,2s,4s'")                            \
+  X(max_attempts, "max-attempts", "REBOUND_MAX_ATTEMPTS", NULL, ATTEMPTS,      \
+    NULL, "deliveries before dead-lettering (default 4)")
 
 typedef enum px_config_result {
   PX_CONFIG_OK,
@@ -47,8 +84,10 @@ typedef enum px_config_result {
   PX_CONFIG_ERROR,   /* message in `err` */
 } px_config_result;
 
-/* Fill `cfg` from defaults, then `env` (a getenv-like function, may be
- * NULL), then argv. On PX_CONFIG_ERROR `err` holds a one-line reason. */
+/* Fill `cfg` from defaults, then the config file (--config or
+ * REBOUND_CONFIG), then `env` (a getenv-like function, may be NULL), then
+ * argv. On PX_CONFIG_ERROR `err` holds a one-line reason (for the file:
+ * "FILE:LINE: reason"). */
 px_config_result px_config_load(px_config *cfg, int argc, char **argv,
                                 const char *(*env)(const char *), char *err,
                                 size_t errlen);
@@ -61,5 +100,21 @@ char *px_addr_format(const px_addr *a, char *out, size_t cap);
 
 /* Write the usage text, generated from PX_OPTIONS. */
 void px_config_usage(void *file);
+
+/* Set one option from text, by its flag name ("listen", "retry-tiers").
+ * Returns 0, -1 (bad value) or -2 (no such option). Used by the file
+ * loader too. */
+int px_config_set(px_config *cfg, const char *flag, const char *value);
+
+/* Read a YAML config file into `cfg` (over what it holds). Returns 0, or -1
+ * with "FILE:LINE: reason" in `err`. (px_config_file.c) */
+int px_config_read_file(px_config *cfg, const char *path, char *err,
+                        size_t errlen);
+
+/* Parse "1s,2s,4s" / "a*,b" into a rule's tiers / globs. 0 or -1. */
+int px_parse_tiers(const char *v, retry_rule *r);
+int px_parse_globs(const char *v, retry_rule *r);
+/* "8MiB", "512KiB", "1GiB", "1048576" into bytes. 0 or -1. */
+int px_parse_size(const char *v, uint64_t *out);
 
 #endif

@@ -1,0 +1,213 @@
+/* px_config_file.c - the YAML config file (libyaml).
+ *
+ *   listen: 127.0.0.1:5673
+ *   upstreams: ["127.0.0.1:5672"]
+ *   retry:
+ *     header_prefix: "rebound-"
+ *     policies:
+ *       - queues: ["print.render*"]
+ *         tiers: [1s, 2s, 4s]
+ *         max_attempts: 4
+ *         dead_letter: "{queue}.dlq"
+ *
+ * Top-level keys are the options' file keys (px_config.h). Anything
+ * unknown or malformed is refused with "FILE:LINE: reason".
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "px_config.h"
+
+const char *px__config_flag_for_key(const char *key);
+
+typedef struct loader {
+  yaml_document_t doc;
+  const char *path;
+  char *err;
+  size_t errlen;
+} loader;
+
+static int fail(loader *l, const yaml_node_t *n, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(l->err, l->errlen, "%s:%lu: %s", l->path,
+           n ? (unsigned long)n->start_mark.line + 1 : 1ul, msg);
+  return -1;
+}
+
+static const char *scalar(const yaml_node_t *n) {
+  return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value
+                                          : NULL;
+}
+
+/* A scalar, or a sequence of scalars joined with commas, into out. */
+static int joined(loader *l, yaml_node_t *n, char *out, size_t cap) {
+  const char *s = scalar(n);
+  if (s) {
+    if (strlen(s) >= cap)
+      return fail(l, n, "value too long");
+    strcpy(out, s);
+    return 0;
+  }
+  if (n->type != YAML_SEQUENCE_NODE)
+    return fail(l, n, "expected a value or a list of values");
+  size_t o = 0;
+  out[0] = '\0';
+  for (yaml_node_item_t *it = n->data.sequence.items.start;
+       it < n->data.sequence.items.top; it++) {
+    yaml_node_t *item = yaml_document_get_node(&l->doc, *it);
+    const char *v = scalar(item);
+    if (!v || !*v)
+      return fail(l, item, "expected a non-empty value in the list");
+    int k = snprintf(out + o, cap - o, "%s%s", o ? "," : "", v);
+    if (k < 0 || (size_t)k >= cap - o)
+      return fail(l, item, "list too long");
+    o += (size_t)k;
+  }
+  if (o == 0)
+    return fail(l, n, "empty list");
+  return 0;
+}
+
+static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
+  char buf[4096];
+  bool has_queues = false;
+  if (n->type != YAML_MAPPING_NODE)
+    return fail(l, n, "a policy is a mapping (queues, tiers, ...)");
+  retry_rule_default(r);
+  for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+       p < n->data.mapping.pairs.top; p++) {
+    yaml_node_t *k = yaml_document_get_node(&l->doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(&l->doc, p->value);
+    const char *key = scalar(k);
+    if (!key)
+      return fail(l, k, "expected a key");
+    if (strcmp(key, "queues") == 0) {
+      if (joined(l, v, buf, sizeof buf) || px_parse_globs(buf, r))
+        return fail(l, v, "queues: expected a list of up to %d globs",
+                    RETRY_MAX_GLOBS);
+      has_queues = true;
+    } else if (strcmp(key, "tiers") == 0) {
+      if (joined(l, v, buf, sizeof buf) || px_parse_tiers(buf, r))
+        return fail(l, v,
+                    "tiers: expected up to %d delays like 500ms, 1s, 2m, 1h "
+                    "(each at most 24h)",
+                    RETRY_MAX_TIERS);
+    } else if (strcmp(key, "max_attempts") == 0) {
+      const char *s = scalar(v);
+      char *end;
+      long m = s ? strtol(s, &end, 10) : 0;
+      if (!s || *end || m < 1 || m > 1000000)
+        return fail(l, v, "max_attempts: expected a whole number >= 1");
+      r->max_attempts = (uint32_t)m;
+    } else if (strcmp(key, "dead_letter") == 0) {
+      const char *s = scalar(v);
+      if (!s || !*s || strlen(s) > RETRY_NAME_MAX)
+        return fail(l, v, "dead_letter: expected a queue name pattern");
+      strcpy(r->dead_letter, s);
+    } else {
+      return fail(l, k,
+                  "unknown policy key '%s' (queues, tiers, "
+                  "max_attempts, dead_letter)",
+                  key);
+    }
+  }
+  if (!has_queues)
+    return fail(l, n, "a policy needs 'queues'");
+  return 0;
+}
+
+static int load_retry(loader *l, yaml_node_t *n, px_config *cfg) {
+  if (n->type != YAML_MAPPING_NODE)
+    return fail(l, n, "retry: expected a mapping");
+  for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+       p < n->data.mapping.pairs.top; p++) {
+    yaml_node_t *k = yaml_document_get_node(&l->doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(&l->doc, p->value);
+    const char *key = scalar(k);
+    if (key && strcmp(key, "header_prefix") == 0) {
+      if (!scalar(v) || px_config_set(cfg, "header-prefix", scalar(v)))
+        return fail(l, v, "header_prefix: expected a short string");
+    } else if (key && strcmp(key, "policies") == 0) {
+      if (v->type != YAML_SEQUENCE_NODE)
+        return fail(l, v, "policies: expected a list of policies");
+      unsigned n_rules = 0;
+      for (yaml_node_item_t *it = v->data.sequence.items.start;
+           it < v->data.sequence.items.top; it++) {
+        yaml_node_t *item = yaml_document_get_node(&l->doc, *it);
+        if (n_rules == PX_MAX_RULES)
+          return fail(l, item, "at most %d policies", PX_MAX_RULES);
+        if (load_policy(l, item, &cfg->rules[n_rules]))
+          return -1;
+        n_rules++;
+      }
+      cfg->retry.nrules = n_rules; /* none: nothing is intercepted */
+    } else {
+      return fail(l, k, "unknown retry key '%s' (header_prefix, policies)",
+                  key ? key : "?");
+    }
+  }
+  return 0;
+}
+
+static int load_root(loader *l, px_config *cfg) {
+  yaml_node_t *root = yaml_document_get_root_node(&l->doc);
+  char buf[4096];
+  if (!root)
+    return 0; /* an empty file changes nothing */
+  if (root->type != YAML_MAPPING_NODE)
+    return fail(l, root, "expected a mapping of settings");
+  for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+       p < root->data.mapping.pairs.top; p++) {
+    yaml_node_t *k = yaml_document_get_node(&l->doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(&l->doc, p->value);
+    const char *key = scalar(k);
+    if (!key)
+      return fail(l, k, "expected a key");
+    if (strcmp(key, "retry") == 0) {
+      if (load_retry(l, v, cfg))
+        return -1;
+      continue;
+    }
+    const char *flag = px__config_flag_for_key(key);
+    if (!flag)
+      return fail(l, k, "unknown key '%s'", key);
+    if (joined(l, v, buf, sizeof buf))
+      return -1;
+    if (px_config_set(cfg, flag, buf) != 0)
+      return fail(l, v, "%s: invalid value '%s'", key, buf);
+  }
+  return 0;
+}
+
+int px_config_read_file(px_config *cfg, const char *path, char *err,
+                        size_t errlen) {
+  loader l = {.path = path, .err = err, .errlen = errlen};
+  yaml_parser_t parser;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return -1;
+  }
+  yaml_parser_initialize(&parser);
+  yaml_parser_set_input_file(&parser, f);
+  int rc = -1;
+  if (!yaml_parser_load(&parser, &l.doc)) {
+    snprintf(err, errlen, "%s:%lu: %s", path,
+             (unsigned long)parser.problem_mark.line + 1,
+             parser.problem ? parser.problem : "invalid YAML");
+  } else {
+    rc = load_root(&l, cfg);
+    yaml_document_delete(&l.doc);
+  }
+  yaml_parser_delete(&parser);
+  fclose(f);
+  return rc;
+}
