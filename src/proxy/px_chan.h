@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "px_buf.h"
+#include "px_track.h"
 
 typedef enum px_chan_state {
   PX_CH_OPENING,       /* client sent channel.open */
@@ -36,9 +37,14 @@ typedef struct px_chan {
   bool held;         /* frames wait in `hold` (client -> upstream) */
   uint64_t c2u_left; /* body bytes still due */
   uint64_t u2c_left;
-  px_slice *hold; /* client frames held back, in order */
+  bool open_held;    /* hold[0] is this channel's channel.open */
+  bool in_release;   /* px__release_held() is walking `hold` */
+  bool release_late; /* closed meanwhile: free it once the walk ends */
+  uint32_t gen;      /* tells a reopened channel number from the old */
+  px_slice *hold;    /* client frames held back, in order */
   uint32_t nhold, cap_hold;
   uint64_t held_bytes;
+  px_track track; /* consumers and deliveries (px_track.c) */
 } px_chan;
 
 const char *px_chan_state_name(int state);

@@ -123,6 +123,17 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     if (s->yield_requested)
       own_yield_now(s);
     break;
+  case AMQP_BASIC_ACK:
+    px__retry_confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
+                      m.args[AMQP_F_BASIC_ACK_MULTIPLE].u, true);
+    break;
+  case AMQP_BASIC_NACK:
+    px__retry_confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
+                      m.args[AMQP_F_BASIC_NACK_MULTIPLE].u, false);
+    break;
+  case AMQP_BASIC_RETURN:
+    px__retry_returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
+    break;
   case AMQP_CHANNEL_CLOSE: {
     amqp_bytes text = m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
     char q[300];
@@ -131,9 +142,13 @@ static int own_frame(px_session *s, const amqp_frame *f) {
             (unsigned long long)s->id, s->peer, (unsigned)s->own_ch,
             (unsigned)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
             px_log_quote(q, sizeof q, (const char *)text.ptr, text.len));
+    bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
+    s->own_state = PX_OWN_NONE; /* no new copies while they fall back */
+    px__retry_own_lost(s, (uint16_t)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
+                       text);
     amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
     px__emit_method(s, &s->upstream, s->own_ch, &m);
-    if (s->own_state == PX_OWN_CLOSING || s->yield_requested) {
+    if (yielding) {
       own_handover(s);
       break;
     }
@@ -153,7 +168,12 @@ static int own_frame(px_session *s, const amqp_frame *f) {
 
 /* ---- channels ----------------------------------------------------------- */
 
-static void chan_release(px_session *s, px_chan *c) {
+void px__chan_release(px_session *s, px_chan *c) {
+  if (c->in_release) {
+    c->release_late = true;
+    return;
+  }
+  px__track_free(s, c);
   px_tab_set(&s->by_client, c->client_ch, NULL);
   if (c->up_ch && px_tab_get(&s->by_up, c->up_ch) == c)
     px_tab_set(&s->by_up, c->up_ch, NULL);
@@ -170,6 +190,7 @@ void px__chans_free(px_session *s) {
     for (int i = 0; s->by_client.blocks[b] && i < 64; i++) {
       px_chan *c = s->by_client.blocks[b][i];
       if (c) {
+        px__track_free(s, c);
         px_chan_drop_held(c);
         free(c);
       }
@@ -189,6 +210,8 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
                         AMQP_CHANNEL_OPEN);
   c->client_ch = ch;
   c->state = PX_CH_OPENING;
+  c->gen = ++s->chan_gen;
+  c->track.capture = -1;
   uint16_t up = up_free(s, ch) ? ch : find_free_up(s);
   if (up) {
     c->up_ch = up;
@@ -211,10 +234,11 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   /* Every number is taken: rebound gives its own up, the client's
    * channel waits (held) until the broker confirms the close. */
   c->held = true;
+  c->open_held = true;
   px_tab_set(&s->by_client, ch, c);
   s->nchans++;
   s->yield_waiter = ch;
-  if (s->own_state == PX_OWN_READY)
+  if (s->own_state == PX_OWN_READY && s->nops == 0)
     own_yield_now(s);
   else if (s->own_state != PX_OWN_CLOSING)
     s->yield_requested = true;
@@ -364,6 +388,50 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
   return PX_STOP;
 }
 
+/* Decode a method the retry path needs; a malformed one closes the client
+ * with the codec's reply code. */
+static int decode_or_close(px_session *s, const amqp_frame *f, uint32_t id,
+                           amqp_method *m) {
+  int rc = amqp_method_decode(f->payload, m);
+  if (rc == AMQP_OK)
+    return PX_FORWARD;
+  char text[128];
+  snprintf(text, sizeof text, "SYNTAX_ERROR - %s", amqp_status_str(rc));
+  return client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
+}
+
+/* Methods that tell which deliveries exist and what happens to them. */
+static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
+                               uint32_t id) {
+  amqp_method m;
+  switch (id) {
+  case AMQP_BASIC_NACK:
+  case AMQP_BASIC_REJECT: {
+    int act = decode_or_close(s, f, id, &m);
+    if (act != PX_FORWARD)
+      return act;
+    bool requeue = id == AMQP_BASIC_NACK
+                       ? m.args[AMQP_F_BASIC_NACK_REQUEUE].u
+                       : m.args[AMQP_F_BASIC_REJECT_REQUEUE].u;
+    if (requeue)
+      return px__retry_requeue(s, c, &m);
+    px__track_client_method(s, c, &m);
+    return PX_FORWARD;
+  }
+  case AMQP_BASIC_CONSUME:
+  case AMQP_BASIC_GET:
+  case AMQP_BASIC_ACK:
+  case AMQP_BASIC_RECOVER:
+  case AMQP_BASIC_RECOVER_ASYNC: {
+    int act = decode_or_close(s, f, id, &m);
+    if (act == PX_FORWARD)
+      px__track_client_method(s, c, &m);
+    return act;
+  }
+  }
+  return PX_FORWARD;
+}
+
 int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan) {
   if (s->proxy_closing)
@@ -381,25 +449,41 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
   if (AMQP_METHOD_CLASS(id) == 10)
     return client_error(s, 503,
                         "COMMAND_INVALID - connection method on a channel", id);
+  px_chan *c = px_tab_get(&s->by_client, f->channel);
+  if (c && c->held) { /* waits, unexamined, until released */
+    *hold_chan = c;
+    return PX_HOLD;
+  }
   if (id == AMQP_CHANNEL_OPEN)
     return client_channel_open(s, f->channel, raw, hold_chan);
-  px_chan *c = px_tab_get(&s->by_client, f->channel);
   if (!c)
     return PX_FORWARD; /* not opened: the broker answers that */
   int act = client_content(s, f, c, id);
+  if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
+    act = client_basic_method(s, f, c, id);
   if (act != PX_FORWARD)
     return act;
   if (id == AMQP_CHANNEL_CLOSE)
     c->state = PX_CH_CLOSING;
-  if (c->held) {
-    *hold_chan = c;
-    return PX_HOLD;
-  }
   if (c->up_ch != c->client_ch)
     px__set_channel(raw, c->up_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
-    chan_release(s, c);
+    px__chan_release(s, c);
   return PX_FORWARD;
+}
+
+void px__retry_idle(px_session *s) {
+  if (s->yield_requested && s->own_state == PX_OWN_READY)
+    own_yield_now(s);
+  if (s->client_gone && s->state != PX_S_CLOSED) {
+    amqp_method m;
+    amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
+    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
+    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
+        amqp_cstr("client disconnected");
+    px__emit_method(s, &s->upstream, 0, &m);
+    px__close_after_flush(s, &s->upstream, "client disconnected");
+  }
 }
 
 /* ---- broker -> client -----------------------------------------------------
@@ -486,29 +570,64 @@ static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
   return PX_DROP;
 }
 
+/* Deliveries and the answers that name consumers: tracked for retries. */
+static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
+                           uint32_t id) {
+  amqp_method m;
+  if (f->type != AMQP_FRAME_METHOD) {
+    px__track_content(s, c, f);
+    return;
+  }
+  switch (id) {
+  case AMQP_BASIC_DELIVER:
+  case AMQP_BASIC_GET_OK:
+  case AMQP_BASIC_GET_EMPTY:
+  case AMQP_BASIC_CONSUME_OK:
+  case AMQP_BASIC_CANCEL_OK:
+  case AMQP_BASIC_CANCEL:
+    if (amqp_method_decode(f->payload, &m) == AMQP_OK)
+      px__track_upstream_method(s, c, &m);
+    else
+      c->track.lost = true;
+    break;
+  case AMQP_CHANNEL_CLOSE:
+    /* the broker closed it: unsettled deliveries are requeued by the
+     * broker, held client frames would be discarded by it */
+    c->state = PX_CH_SERVER_CLOSED;
+    px__track_clear(s, c);
+    c->track.retries_pending = 0;
+    if (!c->in_release) {
+      c->held = c->open_held = false;
+      px_chan_drop_held(c);
+    }
+    break;
+  }
+}
+
 int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (s->proxy_closing)
     return upstream_frame_closing(s, f);
   if (f->type == AMQP_FRAME_HEARTBEAT)
-    return PX_FORWARD;
+    return s->client_gone ? PX_DROP : PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
+  if (f->channel != 0 && f->channel == s->own_ch && own_active(s))
+    return own_frame(s, f);
+  if (s->client_gone)
+    return PX_DROP; /* only rebound's own traffic matters now */
   if (f->channel == 0)
     return f->type == AMQP_FRAME_METHOD ? upstream_connection_method(s, f, id)
                                         : PX_FORWARD;
-  if (f->channel == s->own_ch && own_active(s))
-    return own_frame(s, f);
   px_chan *c = px_tab_get(&s->by_up, f->channel);
   if (!c)
     return PX_FORWARD;
   upstream_content(c, f, id);
+  upstream_track(s, c, f, id);
   if (id == AMQP_CHANNEL_OPEN_OK)
     c->state = PX_CH_OPEN;
-  else if (id == AMQP_CHANNEL_CLOSE)
-    c->state = PX_CH_SERVER_CLOSED;
   if (c->up_ch != c->client_ch)
     px__set_channel(raw, c->client_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
-    chan_release(s, c);
+    px__chan_release(s, c);
   return PX_FORWARD;
 }

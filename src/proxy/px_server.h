@@ -24,6 +24,15 @@ typedef struct px_stats {
   uint64_t channel_remaps;
   uint64_t own_channel_yields;
   uint64_t own_channel_errors;
+  uint64_t cache_bytes;
+  uint64_t cache_entries;
+  uint64_t uncached_deliveries;
+  uint64_t retries_published; /* copies confirmed into a tier */
+  uint64_t dead_lettered;     /* copies confirmed into a DLQ */
+  uint64_t retry_fallbacks;   /* nack forwarded after a failed copy */
+  uint64_t retry_passthrough; /* requeues forwarded by policy */
+  uint64_t topology_errors;   /* declares the broker refused */
+  uint64_t retry_latency_us_sum, retry_latency_count, retry_latency_us_max;
 } px_stats;
 
 typedef struct px_server {

@@ -60,6 +60,7 @@ void px__set_state(px_session *s, px_state state) {
 
 static void session_free(px_session *s) {
   px__chans_free(s);
+  px__retry_free(s);
   for (px_side *side = &s->client; side;
        side = side == &s->client ? &s->upstream : NULL) {
     for (unsigned i = 0; i < side->nout; i++)
@@ -248,6 +249,24 @@ void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
   px_chunk_unref(c);
 }
 
+void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
+                    const uint8_t *payload, size_t len) {
+  if (s->run.to == side)
+    run_flush(s);
+  px_chunk *c = px_chunk_new(len + AMQP_FRAME_OVERHEAD);
+  if (!c) {
+    px_session_close(s, "out of memory");
+    return;
+  }
+  long n =
+      amqp_frame_write(c->data, c->cap, type, ch, (amqp_bytes){payload, len});
+  if (n > 0) {
+    c->len = (uint32_t)n;
+    side_queue(side, c, c->data, (uint32_t)n);
+  }
+  px_chunk_unref(c);
+}
+
 void px__emit_method(px_session *s, px_side *side, uint16_t ch,
                      const amqp_method *m) {
   uint8_t buf[1024];
@@ -261,16 +280,39 @@ void px__emit_method(px_session *s, px_side *side, uint16_t ch,
   px__emit(s, side, buf, (size_t)n);
 }
 
+/* Let a channel's held client frames go, in order. Each goes through the
+ * frame handler now (it may start a retry, which holds the rest again);
+ * a held channel.open (rebound yielded its number) just gets its number. */
 void px__release_held(px_session *s, px_chan *c) {
-  for (uint32_t i = 0; i < c->nhold; i++) {
+  uint32_t i = 0;
+  c->held = false;
+  c->in_release = true;
+  for (; i < c->nhold && !c->held && s->state != PX_S_CLOSED; i++) {
     px_slice *h = &c->hold[i];
-    px__set_channel(h->ptr, c->up_ch);
-    side_queue(&s->upstream, h->chunk, h->ptr, h->len);
+    amqp_frame f;
+    px_chan *again = NULL;
+    int act = PX_FORWARD;
+    if (amqp_frame_parse(h->ptr, h->len, 0, &f) != (long)h->len) {
+      act = PX_DROP; /* cannot be: it parsed when it came in */
+    } else if (i == 0 && c->open_held) {
+      c->open_held = false;
+      px__set_channel(h->ptr, c->up_ch);
+    } else {
+      act = px__client_frame(s, &f, h->ptr, &again);
+    }
+    if (act == PX_HOLD)
+      break; /* still in the list, with those after it */
+    if (act == PX_FORWARD)
+      side_queue(&s->upstream, h->chunk, h->ptr, h->len);
+    c->held_bytes -= h->len;
     px_chunk_unref(h->chunk);
   }
-  c->nhold = 0;
-  c->held_bytes = 0;
-  c->held = false;
+  if (i < c->nhold)
+    memmove(c->hold, c->hold + i, (c->nhold - i) * sizeof *c->hold);
+  c->nhold -= i;
+  c->in_release = false;
+  if (c->release_late)
+    px__chan_release(s, c);
   side_flush(&s->upstream);
 }
 
@@ -478,6 +520,20 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   bool clean = err == UV_EOF;
   uv_read_stop((uv_stream_t *)&side->tcp);
   side->reading = false;
+  if (side == &s->client && s->nops > 0 && s->state == PX_S_OPEN &&
+      !s->client_gone) {
+    /* finish the copies in flight (publish, confirm, ack) first */
+    s->client_gone = true;
+    px_info("client_gone_retries_pending",
+            "id=%llu peer=%s pending=%u timeout_ms=%u",
+            (unsigned long long)s->id, s->peer, (unsigned)s->nops,
+            (unsigned)s->srv->cfg->retry_finish_timeout_ms);
+    s->close_reason = "client disconnected (retries pending timed out)";
+    uv_timer_stop(&s->timer);
+    uv_timer_start(&s->timer, on_close_wait_timeout,
+                   s->srv->cfg->retry_finish_timeout_ms, 0);
+    return;
+  }
   if (side == &s->client) {
     if (!clean)
       px_info("client_error", "id=%llu peer=%s error=\"%s\"",

@@ -87,6 +87,7 @@ typedef struct px_session {
 
   px_tab by_client, by_up;
   uint32_t nchans;
+  uint32_t chan_gen;
 
   uint16_t own_ch;
   uint8_t own_state;     /* px_own_state */
@@ -96,6 +97,18 @@ typedef struct px_session {
 
   bool proxy_closing; /* we sent connection.close to the client */
   bool draining;      /* ... because rebound is shutting down */
+
+  /* retry path (px_retry.c) */
+  struct px_retry_op *ops; /* copies awaiting the broker's confirm */
+  uint32_t nops, cap_ops;
+  uint64_t own_seq; /* publish sequence on rebound's channel */
+  char **declared;  /* tier/DLQ queues declared on this connection */
+  uint32_t ndeclared;
+  char **broken; /* queues whose declare failed (pass-through) */
+  uint32_t nbroken;
+  uint64_t cache_bytes; /* deliveries kept for retry */
+  bool warned_uncached;
+  bool client_gone; /* client left while retries were pending */
 
   /* set by a frame handler: close once this side has been written to */
   px_side *close_after;

@@ -25,6 +25,9 @@ int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw);
 
 /* Release every channel's state (px_frames.c). */
 void px__chans_free(px_session *s);
+/* Forget one channel (closed); deferred while its held frames are being
+ * released. (px_frames.c) */
+void px__chan_release(px_session *s, px_chan *c);
 
 /* Queue a frame rebound generates for `side`, after everything already
  * queued or being parsed for it. */
@@ -48,6 +51,30 @@ void px__set_state(px_session *s, px_state state);
 
 /* The connection is open: stop the handshake timer. */
 void px__handshake_done(px_session *s);
+
+/* Encode a frame of `type` with this payload straight into a chunk and
+ * queue it for `side`. */
+void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
+                    const uint8_t *payload, size_t len);
+
+/* px_track.c: consumers, requests, deliveries (px_track.h). */
+void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m);
+void px__track_upstream_method(px_session *s, px_chan *c, const amqp_method *m);
+void px__track_content(px_session *s, px_chan *c, const amqp_frame *f);
+void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple);
+void px__track_clear(px_session *s, px_chan *c);
+void px__track_free(px_session *s, px_chan *c);
+px_delivery *px__track_find(px_chan *c, uint64_t tag);
+
+/* px_retry.c: the retry path. */
+int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m);
+void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok);
+void px__retry_returned(px_session *s, amqp_bytes routing_key);
+void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
+void px__retry_free(px_session *s);
+/* No copy is in flight any more (px_frames.c / px_session.c react: a
+ * pending yield of rebound's channel, a client that already left). */
+void px__retry_idle(px_session *s);
 
 /* Rewrite a frame's 2-byte channel field in place. */
 static inline void px__set_channel(uint8_t *raw, uint16_t ch) {

@@ -1,0 +1,463 @@
+/* px_retry.c - a requeue becomes a delayed, counted retry.
+ *
+ * basic.nack/basic.reject with requeue=1 on a delivery kept by px_track.c:
+ * ask retry_decide() for the plan, declare the tier (or dead-letter) queue
+ * on rebound's own channel if this connection has not yet, publish the copy
+ * there (mandatory, persistent as the original, every property kept, the
+ * count and origin headers set), and only when the broker confirms it ack
+ * the original. Until then the channel's later client frames are held, so
+ * nothing overtakes that ack. A return, a broker nack or the loss of
+ * rebound's channel forwards the client's original requeue instead: the
+ * broker requeues, nothing is lost.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "px_session_int.h"
+
+typedef struct px_retry_op {
+  uint64_t seq; /* publish sequence on rebound's channel */
+  uint64_t tag; /* the original delivery */
+  uint64_t started_us;
+  uint16_t client_ch;
+  uint32_t gen;   /* the channel's generation (px_chan.gen) */
+  bool is_reject; /* fall back with the same method */
+  bool returned;
+  bool dead_letter;
+  char target[RETRY_NAME_MAX + 1];
+} px_retry_op;
+
+static uint64_t now_us(void) {
+  return uv_hrtime() / 1000;
+}
+
+static bool in_list(char **list, uint32_t n, const char *name) {
+  for (uint32_t i = 0; i < n; i++)
+    if (strcmp(list[i], name) == 0)
+      return true;
+  return false;
+}
+
+static void list_add(char ***list, uint32_t *n, const char *name) {
+  char **l = realloc(*list, (*n + 1) * sizeof *l);
+  if (!l)
+    return;
+  *list = l;
+  if ((l[*n] = strdup(name)))
+    (*n)++;
+}
+
+static void list_free(char ***list, uint32_t *n) {
+  for (uint32_t i = 0; i < *n; i++)
+    free((*list)[i]);
+  free(*list);
+  *list = NULL;
+  *n = 0;
+}
+
+void px__retry_free(px_session *s) {
+  free(s->ops);
+  s->ops = NULL;
+  s->nops = s->cap_ops = 0;
+  list_free(&s->declared, &s->ndeclared);
+  list_free(&s->broken, &s->nbroken);
+}
+
+/* ---- sending ---------------------------------------------------------------
+ */
+
+static void emit_settle(px_session *s, px_chan *c, uint32_t id, uint64_t tag,
+                        bool requeue) {
+  amqp_method m;
+  amqp_method_init(&m, id);
+  if (id == AMQP_BASIC_ACK) {
+    m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u = tag;
+  } else if (id == AMQP_BASIC_REJECT) {
+    m.args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u = tag;
+    m.args[AMQP_F_BASIC_REJECT_REQUEUE].u = requeue;
+  } else {
+    m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u = tag;
+    m.args[AMQP_F_BASIC_NACK_REQUEUE].u = requeue;
+  }
+  px__emit_method(s, &s->upstream, c->up_ch, &m);
+}
+
+/* Declare a tier queue (TTL, dead-lettered back to `queue` through the
+ * default exchange) or the dead-letter queue, once per connection. */
+static void ensure_queue(px_session *s, const retry_plan *plan,
+                         const char *queue) {
+  uint8_t args[512];
+  amqp_writer w = amqp_writer_make(args, sizeof args);
+  amqp_method m;
+
+  if (in_list(s->declared, s->ndeclared, plan->target))
+    return;
+  if (plan->action == RETRY_REPUBLISH) {
+    amqp_field ttl = {.type = 'I'};
+    ttl.v.i = plan->delay_ms;
+    amqp_field dlx = amqp_field_string(amqp_cstr(""));
+    amqp_field dlk = amqp_field_string(amqp_cstr(queue));
+    amqp_table_write_entry(&w, amqp_cstr("x-message-ttl"), &ttl);
+    amqp_table_write_entry(&w, amqp_cstr("x-dead-letter-exchange"), &dlx);
+    amqp_table_write_entry(&w, amqp_cstr("x-dead-letter-routing-key"), &dlk);
+  }
+  amqp_method_init(&m, AMQP_QUEUE_DECLARE);
+  m.args[AMQP_F_QUEUE_DECLARE_QUEUE].b =
+      (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
+  m.args[AMQP_F_QUEUE_DECLARE_DURABLE].u = 1;
+  m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
+  px__emit_method(s, &s->upstream, s->own_ch, &m);
+  list_add(&s->declared, &s->ndeclared, plan->target);
+}
+
+/* The copy's headers: every original header kept, rebound's set. Two
+ * halves of `out` take turns as amqp_table_set()'s destination. */
+static int copy_headers(px_session *s, const px_delivery *d,
+                        const retry_plan *plan, amqp_bytes src, uint8_t *out,
+                        size_t cap, size_t *len) {
+  const retry_policy *pol = &s->srv->cfg->retry;
+  uint8_t *half[2] = {out, out + cap / 2};
+  amqp_bytes cur = src;
+  char name[RETRY_NAME_MAX + 1];
+  amqp_field existing;
+  uint64_t now = (uint64_t)time(NULL);
+  struct {
+    const char *suffix;
+    amqp_field value;
+    bool keep; /* set only when absent: the first failure's values */
+  } set[] = {
+      {"retry-count", amqp_field_long(plan->new_count), false},
+      {"source-queue", amqp_field_string(amqp_cstr(px_dl_queue(d))), false},
+      {"original-exchange", amqp_field_string(amqp_cstr(px_dl_exchange(d))),
+       true},
+      {"original-routing-key",
+       amqp_field_string(amqp_cstr(px_dl_routing_key(d))), true},
+      {"first-failed-at", amqp_field_timestamp(now), true},
+      {"last-failed-at", amqp_field_timestamp(now), false},
+      {"dead-letter-reason", amqp_field_string(amqp_cstr("max-attempts")),
+       false},
+  };
+  size_t n = sizeof set / sizeof set[0] - (plan->action != RETRY_DEAD_LETTER);
+  for (size_t i = 0; i < n; i++) {
+    if (retry_header_name(pol, set[i].suffix, name, sizeof name) < 0)
+      return -1;
+    if (set[i].keep &&
+        amqp_table_get(cur, amqp_cstr(name), &existing) == AMQP_OK)
+      continue;
+    uint8_t *dst = cur.ptr == half[0] ? half[1] : half[0];
+    amqp_writer w = amqp_writer_make(dst, cap / 2);
+    if (amqp_table_set(&w, cur, amqp_cstr(name), &set[i].value) != AMQP_OK)
+      return -1;
+    cur = (amqp_bytes){dst, w.len};
+  }
+  if (cur.ptr != out)
+    memmove(out, cur.ptr, cur.len);
+  *len = cur.len;
+  return 0;
+}
+
+/* Publish the copy of `d` on rebound's channel. 0, or -1 when it cannot be
+ * built (the caller falls back). */
+static int publish_copy(px_session *s, px_delivery *d, const retry_plan *plan) {
+  amqp_content_header h;
+  amqp_bytes hdr = {d->content, d->header_len};
+  if (amqp_content_header_decode(hdr, &h) != AMQP_OK)
+    return -1;
+  size_t cap = 2 * (h.props.headers.len + 2048);
+  uint8_t *tbl = malloc(cap);
+  uint8_t *frame = malloc(d->header_len + cap / 2 + 64);
+  size_t tlen;
+  int rc = -1;
+  if (!tbl || !frame ||
+      copy_headers(s, d, plan,
+                   (h.props.flags & AMQP_P_HEADERS) ? h.props.headers
+                                                    : (amqp_bytes){NULL, 0},
+                   tbl, cap, &tlen) != 0)
+    goto out;
+  h.props.headers = (amqp_bytes){tbl, tlen};
+  h.props.flags |= AMQP_P_HEADERS;
+  amqp_writer w = amqp_writer_make(frame, d->header_len + cap / 2 + 64);
+  if (amqp_content_header_encode(&h, &w) != AMQP_OK)
+    goto out;
+
+  ensure_queue(s, plan, px_dl_queue(d));
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_PUBLISH);
+  m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b =
+      (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
+  m.args[AMQP_F_BASIC_PUBLISH_MANDATORY].u = 1;
+  px__emit_method(s, &s->upstream, s->own_ch, &m);
+  px__emit_frame(s, &s->upstream, AMQP_FRAME_HEADER, s->own_ch, frame, w.len);
+  const uint8_t *body = d->content + d->header_len;
+  size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
+  for (uint64_t off = 0; off < d->body_len; off += chunk) {
+    size_t n = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
+    px__emit_frame(s, &s->upstream, AMQP_FRAME_BODY, s->own_ch, body + off, n);
+  }
+  rc = 0;
+out:
+  free(tbl);
+  free(frame);
+  return rc;
+}
+
+static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
+                   const retry_plan *plan, bool is_reject) {
+  if (s->nops == s->cap_ops) {
+    uint32_t cap = s->cap_ops ? s->cap_ops * 2 : 16;
+    px_retry_op *ops = realloc(s->ops, cap * sizeof *ops);
+    if (!ops)
+      return -1;
+    s->ops = ops;
+    s->cap_ops = cap;
+  }
+  px_retry_op *op = &s->ops[s->nops++];
+  op->seq = ++s->own_seq;
+  op->tag = d->tag;
+  op->started_us = now_us();
+  op->client_ch = c->client_ch;
+  op->gen = c->gen;
+  op->is_reject = is_reject;
+  op->returned = false;
+  op->dead_letter = plan->action == RETRY_DEAD_LETTER;
+  memcpy(op->target, plan->target, plan->target_len + 1);
+  return 0;
+}
+
+static int64_t count_header(px_session *s, const px_delivery *d) {
+  amqp_content_header h;
+  amqp_field v;
+  char name[RETRY_NAME_MAX + 1];
+  int64_t n;
+  if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
+          AMQP_OK ||
+      !(h.props.flags & AMQP_P_HEADERS) ||
+      retry_header_name(&s->srv->cfg->retry, "retry-count", name, sizeof name) <
+          0 ||
+      amqp_table_get(h.props.headers, amqp_cstr(name), &v) != AMQP_OK)
+    return -1;
+  return amqp_field_as_int(&v, &n) && n >= 0 ? n : -2;
+}
+
+/* Try to turn one delivery's failure into a copy. true when a copy is on
+ * its way (the delivery is then RETRYING). */
+static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
+                      bool is_reject) {
+  retry_plan plan;
+  if (d->state != PX_DL_CACHED)
+    return false;
+  const char *q = px_dl_queue(d);
+  retry_decide(d->rule, q, strlen(q), count_header(s, d), &plan);
+  if (plan.action == RETRY_PASS) {
+    s->srv->stats.retry_passthrough++;
+    px_debug("retry_pass", "id=%llu queue=\"%s\" reason=\"%s\"",
+             (unsigned long long)s->id, q, retry_pass_reason_str(plan.reason));
+    return false;
+  }
+  if (in_list(s->broken, s->nbroken, plan.target)) {
+    s->srv->stats.retry_passthrough++;
+    return false;
+  }
+  if (push_op(s, c, d, &plan, is_reject) != 0)
+    return false;
+  if (publish_copy(s, d, &plan) != 0) {
+    s->nops--;
+    s->own_seq--;
+    return false;
+  }
+  d->state = PX_DL_RETRYING;
+  c->track.retries_pending++;
+  return true;
+}
+
+/* A client's nack/reject with requeue=1. Returns PX_FORWARD (nothing to
+ * retry: the frame goes on as it is) or PX_DROP (replaced by retries and,
+ * for deliveries that cannot be retried, individual requeues). */
+int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
+  bool is_reject = m->id == AMQP_BASIC_REJECT;
+  uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
+                           : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
+  bool multiple = !is_reject && m->args[AMQP_F_BASIC_NACK_MULTIPLE].u;
+  px_track *t = &c->track;
+  uint32_t from = 0, to = 0;
+
+  if (multiple) {
+    while (to < t->ndl && (tag == 0 || t->dl[to].tag <= tag))
+      to++;
+  } else {
+    px_delivery *d = px__track_find(c, tag);
+    if (d) {
+      from = (uint32_t)(d - t->dl);
+      to = from + 1;
+    }
+  }
+  bool any = false;
+  for (uint32_t i = from; i < to; i++)
+    any = any || t->dl[i].state == PX_DL_CACHED;
+  if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
+      c->state != PX_CH_OPEN) {
+    if (any)
+      s->srv->stats.retry_passthrough++;
+    px__track_settle(s, c, tag, multiple);
+    return PX_FORWARD;
+  }
+  /* One by one: a copy for what can be retried, a plain requeue for the
+   * rest (settled here and now). */
+  uint32_t keep = from;
+  for (uint32_t i = from; i < to; i++) {
+    px_delivery *d = &t->dl[i];
+    if (try_retry(s, c, d, is_reject)) {
+      t->dl[keep++] = *d;
+      continue;
+    }
+    emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
+                true);
+    free(d->names);
+    free(d->content);
+    if (d->bytes) {
+      s->cache_bytes -= d->bytes;
+      s->srv->stats.cache_bytes -= d->bytes;
+      s->srv->stats.cache_entries--;
+    }
+  }
+  if (to < t->ndl)
+    memmove(t->dl + keep, t->dl + to, (t->ndl - to) * sizeof *t->dl);
+  t->ndl -= to - keep;
+  t->capture = -1;
+  if (t->retries_pending)
+    c->held = true; /* later frames of this channel wait for the acks */
+  return PX_DROP;
+}
+
+/* ---- the broker's answers --------------------------------------------------
+ */
+
+static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
+  px_chan *c = px_tab_get(&s->by_client, op->client_ch);
+  px_stats *st = &s->srv->stats;
+  uint64_t us = now_us() - op->started_us;
+
+  if (!c || c->gen != op->gen || c->state == PX_CH_SERVER_CLOSED) {
+    px_info("retry_abandoned",
+            "id=%llu peer=%s channel=%u delivery_tag=%llu "
+            "reason=\"channel closed; the broker requeued the delivery\"",
+            (unsigned long long)s->id, s->peer, (unsigned)op->client_ch,
+            (unsigned long long)op->tag);
+    return;
+  }
+  if (ok) {
+    emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
+    if (op->dead_letter)
+      st->dead_lettered++;
+    else
+      st->retries_published++;
+    st->retry_latency_us_sum += us;
+    st->retry_latency_count++;
+    if (us > st->retry_latency_us_max)
+      st->retry_latency_us_max = us;
+    px_debug(op->dead_letter ? "dead_lettered" : "retry_published",
+             "id=%llu channel=%u delivery_tag=%llu target=\"%s\" "
+             "latency_us=%llu",
+             (unsigned long long)s->id, (unsigned)op->client_ch,
+             (unsigned long long)op->tag, op->target, (unsigned long long)us);
+  } else {
+    emit_settle(s, c, op->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
+                op->tag, true);
+    st->retry_fallbacks++;
+    px_warn("retry_fallback",
+            "id=%llu peer=%s channel=%u delivery_tag=%llu target=\"%s\" "
+            "reason=\"%s\" action=\"requeued by the broker\"",
+            (unsigned long long)s->id, s->peer, (unsigned)op->client_ch,
+            (unsigned long long)op->tag, op->target, why);
+  }
+  px__track_settle(s, c, op->tag, false);
+  if (c->track.retries_pending && --c->track.retries_pending == 0)
+    px__release_held(s, c);
+}
+
+/* Complete ops [0, n) and drop them from the list. */
+static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
+  /* copy first: finishing may release held frames that start new ops */
+  if (n == 0)
+    return;
+  px_retry_op *done = malloc(n * sizeof *done);
+  if (!done)
+    return;
+  memcpy(done, s->ops, n * sizeof *done);
+  if (n < s->nops)
+    memmove(s->ops, s->ops + n, (s->nops - n) * sizeof *s->ops);
+  s->nops -= n;
+  for (uint32_t i = 0; i < n; i++)
+    finish(s, &done[i], ok && !done[i].returned,
+           done[i].returned ? "returned by the broker (unroutable)" : why);
+  free(done);
+  if (s->nops == 0)
+    px__retry_idle(s);
+}
+
+void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
+  uint32_t n = 0;
+  if (multiple) {
+    while (n < s->nops && s->ops[n].seq <= seq)
+      n++;
+    finish_prefix(s, n, ok, "nacked by the broker");
+    return;
+  }
+  for (uint32_t i = 0; i < s->nops; i++)
+    if (s->ops[i].seq == seq) {
+      /* bring it to the front, keeping the others in order */
+      px_retry_op op = s->ops[i];
+      memmove(s->ops + 1, s->ops, i * sizeof *s->ops);
+      s->ops[0] = op;
+      finish_prefix(s, 1, ok, "nacked by the broker");
+      return;
+    }
+}
+
+void px__retry_returned(px_session *s, amqp_bytes routing_key) {
+  for (uint32_t i = 0; i < s->nops; i++)
+    if (!s->ops[i].returned &&
+        amqp_bytes_eq(routing_key, amqp_cstr(s->ops[i].target))) {
+      s->ops[i].returned = true;
+      break;
+    }
+  /* the queue is gone: declare it again next time */
+  for (uint32_t i = 0; i < s->ndeclared; i++)
+    if (amqp_bytes_eq(routing_key, amqp_cstr(s->declared[i]))) {
+      free(s->declared[i]);
+      s->declared[i] = s->declared[--s->ndeclared];
+      break;
+    }
+}
+
+/* rebound's channel was closed by the broker: every copy in flight falls
+ * back. A refused declare names its queue in the reply text; that queue is
+ * not tried again on this connection. */
+void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
+  const uint8_t *p = NULL;
+  for (size_t i = 0; !p && text.len >= 7 && i <= text.len - 7; i++)
+    if (memcmp(text.ptr + i, "queue '", 7) == 0)
+      p = text.ptr + i;
+  if (p && (code == 406 || code == 403 || code == 405)) {
+    const uint8_t *name = p + 7;
+    const uint8_t *end =
+        memchr(name, '\'', text.len - (size_t)(name - text.ptr));
+    if (end && end - name <= RETRY_NAME_MAX) {
+      char q[RETRY_NAME_MAX + 1];
+      memcpy(q, name, (size_t)(end - name));
+      q[end - name] = '\0';
+      list_add(&s->broken, &s->nbroken, q);
+      s->srv->stats.topology_errors++;
+      px_error("retry_topology_error",
+               "id=%llu peer=%s queue=\"%s\" code=%u note=\"requeues of its "
+               "source pass through on this connection; fix or delete the "
+               "queue, or pre-declare it with the arguments rebound uses\"",
+               (unsigned long long)s->id, s->peer, q, (unsigned)code);
+    }
+  }
+  list_free(&s->declared, &s->ndeclared);
+  finish_prefix(s, s->nops, false, "rebound's channel was closed");
+  s->own_seq = 0;
+}

@@ -1,0 +1,75 @@
+/* px_track.h - what a channel's deliveries are, for the retry path.
+ *
+ * Per channel: consumer tag -> queue (client-chosen and server-generated
+ * tags), basic.get requests in flight, and every delivery the client must
+ * still settle (ack mode only), in delivery-tag order. A delivery from a
+ * queue with a retry policy also keeps its content header and body, within
+ * the per-connection and process-wide cache bounds, so that a nack can be
+ * turned into a republished copy.
+ */
+#ifndef PX_TRACK_H
+#define PX_TRACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp.h"
+#include "retry_plan.h"
+
+typedef struct px_consumer {
+  char *tag; /* NUL-terminated copy */
+  uint8_t tag_len;
+  bool no_ack;
+  char *queue;
+} px_consumer;
+
+/* basic.consume / basic.get waiting for their answer, in order. */
+typedef struct px_request {
+  bool is_get;
+  bool no_ack;
+  char *queue;
+  char *tag; /* consume: the client's tag ("" for server-generated) */
+} px_request;
+
+typedef enum px_dl_state {
+  PX_DL_UNCACHED, /* tracked for settlement only */
+  PX_DL_CAPTURE,  /* header/body being copied */
+  PX_DL_CACHED,   /* can be retried */
+  PX_DL_RETRYING, /* a copy is being published */
+} px_dl_state;
+
+typedef struct px_delivery {
+  uint64_t tag;
+  uint8_t state; /* px_dl_state */
+  const retry_rule *rule;
+  char *names;      /* queue NUL exchange NUL routing-key NUL */
+  uint8_t *content; /* header payload, then body */
+  uint32_t header_len;
+  uint64_t body_len, body_have;
+  uint64_t bytes; /* counted against the cache bounds */
+} px_delivery;
+
+typedef struct px_track {
+  px_consumer *consumers;
+  uint32_t nconsumers;
+  px_request *requests;
+  uint32_t nrequests;
+  px_delivery *dl; /* sorted by tag */
+  uint32_t ndl, cap_dl;
+  int32_t capture; /* index of the delivery whose content is arriving */
+  uint32_t retries_pending;
+  bool lost; /* a delivery could not be tracked: multiple-nacks pass */
+} px_track;
+
+static inline const char *px_dl_queue(const px_delivery *d) {
+  return d->names;
+}
+static inline const char *px_dl_exchange(const px_delivery *d) {
+  return d->names + strlen(d->names) + 1;
+}
+static inline const char *px_dl_routing_key(const px_delivery *d) {
+  const char *e = px_dl_exchange(d);
+  return e + strlen(e) + 1;
+}
+
+#endif
