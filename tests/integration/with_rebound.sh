@@ -5,7 +5,8 @@
 # set, then stop rebound with SIGTERM. Fails if CMD fails, if rebound does
 # not exit 0, or if its log shows a sanitizer report. Exit 77 (skip) without
 # a broker. REBOUND_WRAPPER, if set, runs rebound under a command (e.g.
-# "valgrind --leak-check=full --error-exitcode=9").
+# "valgrind --leak-check=full --error-exitcode=9"); REBOUND_ARGS adds
+# options (word-split).
 set -euo pipefail
 bin=$1
 shift
@@ -14,7 +15,8 @@ hostport=${REBOUND_TEST_BROKER#amqp://*@}
 hostport=${hostport%/}
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$(mktemp)
-${REBOUND_WRAPPER:-} "$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug 2>"$log" &
+${REBOUND_WRAPPER:-} "$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug \
+  ${REBOUND_ARGS:-} 2>"$log" &
 pid=$!
 cleanup() { kill -KILL "$pid" 2>/dev/null || true; rm -f "$log"; }
 trap cleanup EXIT

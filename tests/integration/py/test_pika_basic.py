@@ -245,8 +245,9 @@ def test_qos_prefetch_is_respected(rebound, broker, ctl, qname):
 
 
 def test_nack_and_reject_requeue_pass_through(rebound, broker, ctl, qname):
-    """No retry policy in this issue: requeue=true gives the message back at
-    once (redelivered), requeue=false drops it; nothing else is declared."""
+    """A queue outside the retry policy behaves exactly as direct:
+    requeue=true gives the message back at once (redelivered),
+    requeue=false drops it; nothing else is declared."""
     conn = rebound.pika(broker)
     ch = conn.channel()
     ch.queue_declare(qname, arguments=EXPIRES)
