@@ -41,6 +41,7 @@ typedef struct px_chan {
   bool in_release;   /* px__release_held() is walking `hold` */
   bool release_late; /* closed meanwhile: free it once the walk ends */
   uint32_t gen;      /* tells a reopened channel number from the old */
+  bool tx;           /* tx.select: settlements are transactional */
   px_slice *hold;    /* client frames held back, in order */
   uint32_t nhold, cap_hold;
   uint64_t held_bytes;

@@ -65,6 +65,7 @@ static void own_open(px_session *s) {
   }
   s->own_ch = n;
   s->own_state = PX_OWN_OPENING;
+  s->own_seq = 0; /* confirm.select numbers publishes from 1 */
   amqp_method_init(&m, AMQP_CHANNEL_OPEN);
   px__emit_method(s, &s->upstream, n, &m);
 }
@@ -413,7 +414,8 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
     bool requeue = id == AMQP_BASIC_NACK
                        ? m.args[AMQP_F_BASIC_NACK_REQUEUE].u
                        : m.args[AMQP_F_BASIC_REJECT_REQUEUE].u;
-    if (requeue)
+    /* in a transaction the requeue only happens at commit: leave it be */
+    if (requeue && !c->tx)
       return px__retry_requeue(s, c, &m);
     px__track_client_method(s, c, &m);
     return PX_FORWARD;
@@ -461,6 +463,8 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
   int act = client_content(s, f, c, id);
   if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
     act = client_basic_method(s, f, c, id);
+  if (id == AMQP_TX_SELECT)
+    c->tx = true;
   if (act != PX_FORWARD)
     return act;
   if (id == AMQP_CHANNEL_CLOSE)
