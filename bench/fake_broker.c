@@ -1,0 +1,460 @@
+/* fake_broker - a tiny AMQP 0-9-1 "broker" that floods deliveries.
+ *
+ * Just enough of the server side for a client (or rebound in front of it)
+ * to connect and consume: connection.start (PLAIN), tune (channel-max 2047,
+ * frame-max 131072, heartbeat 0), open-ok; channel.open-ok, confirm
+ * select-ok (publishes on a confirm channel are acked one by one),
+ * basic.qos-ok, queue.declare-ok, basic.consume-ok, cancel-ok, close-ok.
+ * After basic.consume it writes basic.deliver + content header
+ * (delivery-mode 1) + one body frame of --body bytes (default 256) to that
+ * consumer as fast as the socket takes them, with increasing delivery tags,
+ * until the consumer goes away. Nothing is ever stored.
+ *
+ * One thread, poll(2), non-blocking sockets. Links nothing of rebound.
+ *
+ *   fake_broker [--listen 127.0.0.1:PORT] [--body N] [--block BYTES]
+ *               [--timeout S]
+ * Prints "LISTENING <port>" once bound (port 0 picks one). Exits after
+ * --timeout seconds (default 900) or on SIGTERM/SIGINT.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include "bench_amqp.h"
+
+#define MAX_FRAME (131072 + 8)
+
+enum { P_HEADER, P_START_OK, P_TUNE_OK, P_OPEN, P_OPEN_DONE };
+
+typedef struct conn {
+  int fd;
+  int phase;
+  bool close_when_flushed;
+  uint8_t *in;
+  size_t in_len;
+  ba_buf out;
+  /* flooding */
+  bool flooding;
+  uint16_t flood_ch;
+  uint64_t next_tag;
+  ba_buf block;      /* whole messages; block.off = bytes written */
+  size_t *tag_offs;  /* where each delivery tag sits in the block */
+  size_t ntags;
+  /* publisher confirms, a few channels */
+  uint16_t confirm_ch[8];
+  uint64_t confirm_seq[8];
+} conn;
+
+static int body_size = 256;
+static size_t block_target = 64 * 1024;
+static volatile sig_atomic_t stop;
+static uint64_t frames_flooded;
+
+static void on_signal(int sig) {
+  (void)sig;
+  stop = 1;
+}
+
+static void conn_free(conn *c) {
+  close(c->fd);
+  free(c->in);
+  free(c->out.p);
+  free(c->block.p);
+  free(c->tag_offs);
+  free(c);
+}
+
+/* ---- what the server says ----------------------------------------------- */
+
+static void send_start(conn *c) {
+  size_t at = ba_method_begin(&c->out, 0, BA_MID(10, 10));
+  ba_u8(&c->out, 0);
+  ba_u8(&c->out, 9);
+  /* server-properties: {product: "fake_broker"} */
+  ba_buf t = {0};
+  ba_shortstr(&t, "product");
+  ba_u8(&t, 'S');
+  ba_longstr(&t, "fake_broker", 11);
+  ba_longstr(&c->out, t.p, (uint32_t)t.len);
+  free(t.p);
+  ba_longstr(&c->out, "PLAIN AMQPLAIN", 14);
+  ba_longstr(&c->out, "en_US", 5);
+  ba_frame_end(&c->out, at);
+}
+
+static void send_tune(conn *c) {
+  size_t at = ba_method_begin(&c->out, 0, BA_MID(10, 30));
+  ba_u16(&c->out, 2047);
+  ba_u32(&c->out, 131072);
+  ba_u16(&c->out, 0);
+  ba_frame_end(&c->out, at);
+}
+
+static void build_block(conn *c, const char *ctag) {
+  size_t cap = 0;
+  c->block.len = c->block.off = 0;
+  c->ntags = 0;
+  while (c->block.len < block_target) {
+    if (c->ntags == cap) {
+      cap = cap ? cap * 2 : 256;
+      c->tag_offs = realloc(c->tag_offs, cap * sizeof *c->tag_offs);
+      if (!c->tag_offs)
+        exit(1);
+    }
+    /* basic.deliver: consumer-tag, delivery-tag, redelivered, exchange,
+     * routing-key */
+    size_t at = ba_method_begin(&c->block, c->flood_ch, BA_MID(60, 60));
+    ba_shortstr(&c->block, ctag);
+    c->tag_offs[c->ntags++] = c->block.len;
+    ba_u64(&c->block, 0);
+    ba_u8(&c->block, 0);
+    ba_shortstr(&c->block, "");
+    ba_shortstr(&c->block, "pump");
+    ba_frame_end(&c->block, at);
+    /* content header: class 60, weight 0, body size, delivery-mode 1 */
+    at = ba_frame_begin(&c->block, BA_FRAME_HEADER, c->flood_ch);
+    ba_u16(&c->block, 60);
+    ba_u16(&c->block, 0);
+    ba_u64(&c->block, (uint64_t)body_size);
+    ba_u16(&c->block, 0x1000);
+    ba_u8(&c->block, 1);
+    ba_frame_end(&c->block, at);
+    if (body_size > 0) {
+      at = ba_frame_begin(&c->block, BA_FRAME_BODY, c->flood_ch);
+      ba_reserve(&c->block, (size_t)body_size);
+      memset(c->block.p + c->block.len, 'x', (size_t)body_size);
+      c->block.len += (size_t)body_size;
+      ba_frame_end(&c->block, at);
+    }
+  }
+}
+
+static void refill_block(conn *c) {
+  for (size_t i = 0; i < c->ntags; i++)
+    ba_set_u64(c->block.p + c->tag_offs[i], ++c->next_tag);
+  c->block.off = 0;
+}
+
+/* ---- what the client says ----------------------------------------------- */
+
+static const uint8_t *skip_shortstr(const uint8_t *p, const uint8_t *end) {
+  if (p >= end || p + 1 + *p > end)
+    return NULL;
+  return p + 1 + *p;
+}
+
+static void handle_method(conn *c, const ba_frame *f) {
+  const uint8_t *a = f->payload + 4, *end = f->payload + f->size;
+  uint16_t ch = f->channel;
+  char name[256];
+
+  switch (f->method) {
+  case BA_MID(10, 11): /* start-ok */
+    if (c->phase == P_START_OK) {
+      send_tune(c);
+      c->phase = P_TUNE_OK;
+    }
+    break;
+  case BA_MID(10, 31): /* tune-ok */
+    if (c->phase == P_TUNE_OK)
+      c->phase = P_OPEN;
+    break;
+  case BA_MID(10, 40): { /* open */
+    size_t at = ba_method_begin(&c->out, 0, BA_MID(10, 41));
+    ba_shortstr(&c->out, "");
+    ba_frame_end(&c->out, at);
+    c->phase = P_OPEN_DONE;
+    break;
+  }
+  case BA_MID(10, 50): /* connection.close */
+    ba_method0(&c->out, 0, BA_MID(10, 51));
+    c->flooding = false;
+    c->close_when_flushed = true;
+    break;
+  case BA_MID(10, 51):
+    c->flooding = false;
+    c->close_when_flushed = true;
+    break;
+  case BA_MID(20, 10): { /* channel.open */
+    size_t at = ba_method_begin(&c->out, ch, BA_MID(20, 11));
+    ba_longstr(&c->out, "", 0);
+    ba_frame_end(&c->out, at);
+    break;
+  }
+  case BA_MID(20, 40): /* channel.close */
+    if (c->flooding && c->flood_ch == ch)
+      c->flooding = false;
+    ba_method0(&c->out, ch, BA_MID(20, 41));
+    for (int i = 0; i < 8; i++)
+      if (c->confirm_ch[i] == ch)
+        c->confirm_ch[i] = 0;
+    break;
+  case BA_MID(85, 10): /* confirm.select */
+    for (int i = 0; i < 8; i++)
+      if (!c->confirm_ch[i]) {
+        c->confirm_ch[i] = ch;
+        c->confirm_seq[i] = 0;
+        break;
+      }
+    if (f->size < 5 || !(a[0] & 1))
+      ba_method0(&c->out, ch, BA_MID(85, 11));
+    break;
+  case BA_MID(60, 10): /* basic.qos */
+    ba_method0(&c->out, ch, BA_MID(60, 11));
+    break;
+  case BA_MID(50, 10): { /* queue.declare */
+    const uint8_t *q = a + 2, *after = skip_shortstr(q, end);
+    snprintf(name, sizeof name, "%.*s", after ? (int)*q : 0,
+             (const char *)q + 1);
+    if (!name[0])
+      snprintf(name, sizeof name, "amq.gen-fake");
+    if (after && after < end && (*after & 8)) /* no-wait */
+      break;
+    size_t at = ba_method_begin(&c->out, ch, BA_MID(50, 11));
+    ba_shortstr(&c->out, name);
+    ba_u32(&c->out, 0);
+    ba_u32(&c->out, 0);
+    ba_frame_end(&c->out, at);
+    break;
+  }
+  case BA_MID(60, 20): { /* basic.consume */
+    const uint8_t *q = a + 2, *t = skip_shortstr(q, end);
+    const uint8_t *bits = t ? skip_shortstr(t, end) : NULL;
+    if (!bits || bits >= end)
+      break;
+    if (*t)
+      snprintf(name, sizeof name, "%.*s", (int)*t, (const char *)t + 1);
+    else
+      snprintf(name, sizeof name, "amq.ctag-fake-%d", c->fd);
+    if (!(*bits & 8)) { /* not no-wait */
+      size_t at = ba_method_begin(&c->out, ch, BA_MID(60, 21));
+      ba_shortstr(&c->out, name);
+      ba_frame_end(&c->out, at);
+    }
+    if (!c->flooding) {
+      c->flooding = true;
+      c->flood_ch = ch;
+      build_block(c, name);
+      refill_block(c);
+    }
+    break;
+  }
+  case BA_MID(60, 30): { /* basic.cancel */
+    const uint8_t *t = a, *after = skip_shortstr(t, end);
+    if (c->flooding && c->flood_ch == ch)
+      c->flooding = false;
+    if (after && after < end && !(*after & 1)) {
+      size_t at = ba_method_begin(&c->out, ch, BA_MID(60, 31));
+      ba_u8(&c->out, *t);
+      ba_put(&c->out, t + 1, *t);
+      ba_frame_end(&c->out, at);
+    }
+    break;
+  }
+  case BA_MID(60, 40): /* basic.publish: ack it on a confirm channel */
+    for (int i = 0; i < 8; i++)
+      if (c->confirm_ch[i] == ch) {
+        size_t at = ba_method_begin(&c->out, ch, BA_MID(60, 80));
+        ba_u64(&c->out, ++c->confirm_seq[i]);
+        ba_u8(&c->out, 0);
+        ba_frame_end(&c->out, at);
+        break;
+      }
+    break;
+  default:
+    break; /* acks, nacks, close-ok, ...: nothing to say */
+  }
+}
+
+/* Returns -1 when the connection must go. */
+static int conn_read(conn *c) {
+  for (int rounds = 0; rounds < 64; rounds++) {
+    ssize_t n = read(c->fd, c->in + c->in_len, MAX_FRAME - c->in_len);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      return 0;
+    if (n <= 0)
+      return -1;
+    c->in_len += (size_t)n;
+    size_t pos = 0;
+    if (c->phase == P_HEADER) {
+      if (c->in_len < 8)
+        continue;
+      if (memcmp(c->in, "AMQP", 4) != 0) {
+        ba_put(&c->out, ba_protocol_header, 8);
+        c->close_when_flushed = true;
+        c->in_len = 0;
+        return 0;
+      }
+      pos = 8;
+      send_start(c);
+      c->phase = P_START_OK;
+    }
+    for (;;) {
+      ba_frame f;
+      long k = ba_frame_parse(c->in + pos, c->in_len - pos, MAX_FRAME - 8, &f);
+      if (k < 0)
+        return -1;
+      if (k == 0)
+        break;
+      if (f.type == BA_FRAME_METHOD)
+        handle_method(c, &f);
+      pos += (size_t)k;
+    }
+    memmove(c->in, c->in + pos, c->in_len - pos);
+    c->in_len -= pos;
+  }
+  return 0;
+}
+
+/* Write control frames, then deliveries (whole blocks only between
+ * control frames). Returns -1 when the connection must go. */
+static int conn_write(conn *c) {
+  for (;;) {
+    ba_buf *b;
+    if (c->block.off > 0 && c->block.off < c->block.len)
+      b = &c->block; /* finish a started block first */
+    else if (c->out.off < c->out.len)
+      b = &c->out;
+    else if (c->flooding) {
+      if (c->block.off == c->block.len)
+        refill_block(c);
+      b = &c->block;
+    } else
+      break;
+    ssize_t n = write(c->fd, b->p + b->off, b->len - b->off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN)
+      return 0;
+    if (n <= 0)
+      return -1;
+    b->off += (size_t)n;
+    if (b == &c->out && c->out.off == c->out.len)
+      c->out.off = c->out.len = 0;
+    if (b == &c->block && c->block.off == c->block.len)
+      frames_flooded += c->ntags * (body_size > 0 ? 3 : 2);
+  }
+  return c->close_when_flushed ? -1 : 0;
+}
+
+static bool conn_wants_write(const conn *c) {
+  return c->out.off < c->out.len || c->flooding ||
+         (c->block.off > 0 && c->block.off < c->block.len);
+}
+
+int main(int argc, char **argv) {
+  const char *listen_at = "127.0.0.1:0";
+  double timeout = 900;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--listen"))
+      listen_at = argv[i + 1];
+    else if (!strcmp(argv[i], "--body"))
+      body_size = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--block"))
+      block_target = (size_t)atol(argv[i + 1]);
+    else if (!strcmp(argv[i], "--timeout"))
+      timeout = atof(argv[i + 1]);
+    else {
+      fprintf(stderr, "usage: fake_broker [--listen 127.0.0.1:PORT] "
+                      "[--body N] [--block BYTES] [--timeout S]\n");
+      return 2;
+    }
+  }
+  if ((argc - 1) % 2 || body_size < 0 || body_size > 131000 ||
+      block_target < 1) {
+    fprintf(stderr, "fake_broker: bad arguments\n");
+    return 2;
+  }
+  char host[64];
+  int port;
+  const char *colon = strrchr(listen_at, ':');
+  if (!colon || colon - listen_at >= (long)sizeof host) {
+    fprintf(stderr, "fake_broker: --listen HOST:PORT\n");
+    return 2;
+  }
+  snprintf(host, sizeof host, "%.*s", (int)(colon - listen_at), listen_at);
+  port = atoi(colon + 1);
+
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGTERM, on_signal);
+  signal(SIGINT, on_signal);
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  int one = 1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
+      bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(lfd, 1024) != 0) {
+    perror("fake_broker: bind/listen");
+    return 1;
+  }
+  socklen_t sl = sizeof sa;
+  getsockname(lfd, (struct sockaddr *)&sa, &sl);
+  printf("LISTENING %d\n", ntohs(sa.sin_port));
+  fflush(stdout);
+
+  size_t nconns = 0, capconns = 64;
+  conn **conns = calloc(capconns, sizeof *conns);
+  struct pollfd *pfds = calloc(capconns + 1, sizeof *pfds);
+  uint64_t deadline = ba_now_ns() + (uint64_t)(timeout * 1e9);
+
+  while (!stop && ba_now_ns() < deadline) {
+    pfds[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+    for (size_t i = 0; i < nconns; i++)
+      pfds[i + 1] = (struct pollfd){
+          .fd = conns[i]->fd,
+          .events = POLLIN | (conn_wants_write(conns[i]) ? POLLOUT : 0)};
+    int n = poll(pfds, nconns + 1, 1000);
+    if (n < 0 && errno != EINTR)
+      break;
+    if (n <= 0)
+      continue;
+    if (pfds[0].revents & POLLIN) {
+      for (int k = 0; k < 256; k++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK);
+        if (fd < 0)
+          break;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (nconns == capconns) {
+          capconns *= 2;
+          conns = realloc(conns, capconns * sizeof *conns);
+          pfds = realloc(pfds, (capconns + 1) * sizeof *pfds);
+        }
+        conn *c = calloc(1, sizeof *c);
+        c->fd = fd;
+        c->in = malloc(MAX_FRAME);
+        conns[nconns++] = c;
+      }
+    }
+    /* pfds[i+1] belong to conns[i] as they were before accepting */
+    for (size_t i = 0; i < nconns; i++) {
+      conn *c = conns[i];
+      short re = pfds[i + 1].fd == c->fd ? pfds[i + 1].revents : 0;
+      int bad = 0;
+      if (re & (POLLIN | POLLHUP | POLLERR))
+        bad = conn_read(c);
+      if (!bad && (re & POLLOUT || c->out.len > c->out.off))
+        bad = conn_write(c);
+      if (bad) {
+        conn_free(c);
+        conns[i] = conns[--nconns];
+        pfds[i + 1] = pfds[nconns + 1];
+        i--;
+      }
+    }
+  }
+  for (size_t i = 0; i < nconns; i++)
+    conn_free(conns[i]);
+  free(conns);
+  free(pfds);
+  close(lfd);
+  fprintf(stderr, "fake_broker: exit, %llu delivery frames written\n",
+          (unsigned long long)frames_flooded);
+  return 0;
+}

@@ -1,0 +1,165 @@
+/* pump_client - consume as fast as possible and count what arrives.
+ *
+ * Connects (raw socket, PLAIN guest/guest, heartbeat 0), opens channel 1,
+ * basic.consume with no-ack on --queue, then reads for --warmup seconds
+ * without counting and for --seconds seconds counting whole frames (by
+ * type), basic.deliver methods and bytes. Meant for bench/fake_broker
+ * (which floods deliveries), directly or through a proxy.
+ *
+ *   pump_client [--host H] [--port P] [--seconds T] [--warmup W]
+ *               [--queue Q] [--label TEXT] [--cpu-pid PID]
+ * Prints one "RESULT" line (key=value). With --cpu-pid it also reports the
+ * CPU time (utime+stime from /proc/PID/stat) that process spent during the
+ * counted window, per million frames, and as a share of one core. Every
+ * loop is bounded by time.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "bench_amqp.h"
+
+static void fail(const char *what) {
+  fprintf(stderr, "pump_client: %s\n", what);
+  printf("RESULT mode=pump status=error error=\"%s\"\n", what);
+  exit(1);
+}
+
+int main(int argc, char **argv) {
+  const char *host = "127.0.0.1", *queue = "pump", *label = "-";
+  int port = 5672;
+  long cpu_pid = 0;
+  double seconds = 5, warmup = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const char *a = argv[i], *v = argv[i + 1];
+    if (!strcmp(a, "--host"))
+      host = v;
+    else if (!strcmp(a, "--port"))
+      port = atoi(v);
+    else if (!strcmp(a, "--seconds"))
+      seconds = atof(v);
+    else if (!strcmp(a, "--warmup"))
+      warmup = atof(v);
+    else if (!strcmp(a, "--queue"))
+      queue = v;
+    else if (!strcmp(a, "--label"))
+      label = v;
+    else if (!strcmp(a, "--cpu-pid"))
+      cpu_pid = atol(v);
+    else {
+      fprintf(stderr, "usage: pump_client [--host H] [--port P] [--seconds T] "
+                      "[--warmup W] [--queue Q] [--label TEXT] [--cpu-pid PID]\n");
+      return 2;
+    }
+  }
+  if ((argc - 1) % 2 || seconds <= 0 || warmup < 0 || seconds > 3600)
+    fail("bad arguments");
+
+  static ba_reader r;
+  r.fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  struct timeval tv = {10, 0};
+  int one = 1;
+  setsockopt(r.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(r.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(r.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
+      connect(r.fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+    fail("connect");
+  if (ba_client_handshake(&r, "guest", "guest", "/", 0) != 0)
+    fail("handshake");
+
+  ba_buf b = {0};
+  ba_frame f;
+  if (ba_channel_open(&r, 1) != 0 || ba_expect(&r, 1, BA_MID(20, 11), &f) != 0)
+    fail("channel.open");
+  size_t at = ba_method_begin(&b, 1, BA_MID(60, 20));
+  ba_u16(&b, 0);
+  ba_shortstr(&b, queue);
+  ba_shortstr(&b, "");
+  ba_u8(&b, 2); /* no-ack */
+  ba_u32(&b, 0);
+  ba_frame_end(&b, at);
+  if (ba_write_all(r.fd, b.p, b.len) != 0 ||
+      ba_expect(&r, 1, BA_MID(60, 21), &f) != 0)
+    fail("basic.consume");
+  free(b.p);
+
+  /* frames already buffered by the reader belong to the warm-up */
+  static uint8_t buf[256 * 1024];
+  size_t len = r.end - r.start;
+  memcpy(buf, r.buf + r.start, len);
+
+  uint64_t counts[9] = {0}, delivers = 0, bytes = 0;
+  uint64_t t_start = ba_now_ns();
+  uint64_t t_count = t_start + (uint64_t)(warmup * 1e9);
+  uint64_t t_end = t_count + (uint64_t)(seconds * 1e9);
+  bool counting = warmup == 0;
+  int status_ok = 1;
+  double cpu0 = counting && cpu_pid ? ba_proc_cpu_secs(cpu_pid) : 0;
+
+  for (;;) {
+    uint64_t now = ba_now_ns();
+    if (!counting && now >= t_count) {
+      counting = true;
+      if (cpu_pid)
+        cpu0 = ba_proc_cpu_secs(cpu_pid);
+      t_count = now;
+      t_end = now + (uint64_t)(seconds * 1e9);
+    }
+    if (counting && now >= t_end)
+      break;
+    struct pollfd p = {.fd = r.fd, .events = POLLIN};
+    if (len < sizeof buf && poll(&p, 1, 200) <= 0)
+      continue; /* re-check the clock */
+    ssize_t n = read(r.fd, buf + len, sizeof buf - len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      status_ok = 0;
+      fprintf(stderr, "pump_client: connection lost\n");
+      break;
+    }
+    len += (size_t)n;
+    size_t pos = 0;
+    for (;;) {
+      long k = ba_frame_parse(buf + pos, len - pos, sizeof buf - 8, &f);
+      if (k < 0)
+        fail("bad frame");
+      if (k == 0)
+        break;
+      if (counting) {
+        counts[f.type < 9 ? f.type : 0]++;
+        bytes += (uint64_t)k;
+        if (f.method == BA_MID(60, 60))
+          delivers++;
+      }
+      pos += (size_t)k;
+    }
+    memmove(buf, buf + pos, len - pos);
+    len -= pos;
+  }
+  uint64_t t_stop = ba_now_ns();
+  double cpu = cpu_pid ? ba_proc_cpu_secs(cpu_pid) - cpu0 : 0;
+  double secs = counting ? (double)(t_stop - t_count) / 1e9 : 0;
+  uint64_t frames = counts[1] + counts[2] + counts[3] + counts[8];
+  printf("RESULT mode=pump label=%s status=%s secs=%.3f frames=%llu "
+         "msgs=%llu bytes=%llu frames_per_s=%.0f msgs_per_s=%.0f "
+         "MB_per_s=%.1f",
+         label, status_ok ? "ok" : "lost", secs, (unsigned long long)frames,
+         (unsigned long long)delivers, (unsigned long long)bytes,
+         secs > 0 ? (double)frames / secs : 0,
+         secs > 0 ? (double)delivers / secs : 0,
+         secs > 0 ? (double)bytes / secs / 1e6 : 0);
+  if (cpu_pid)
+    printf(" cpu_pid=%ld cpu_secs=%.2f cpu_s_per_mframes=%.4f core_util=%.2f",
+           cpu_pid, cpu, frames ? cpu / ((double)frames / 1e6) : 0,
+           secs > 0 ? cpu / secs : 0);
+  printf("\n");
+  fflush(stdout);
+  close(r.fd);
+  return status_ok ? 0 : 1;
+}
