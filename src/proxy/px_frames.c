@@ -584,6 +584,8 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   }
   switch (id) {
   case AMQP_BASIC_DELIVER:
+    px__track_deliver(c, f->payload);
+    break;
   case AMQP_BASIC_GET_OK:
   case AMQP_BASIC_GET_EMPTY:
   case AMQP_BASIC_CONSUME_OK:

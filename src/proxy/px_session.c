@@ -169,10 +169,51 @@ static void on_write(uv_write_t *req, int status) {
     side_resume(other);
 }
 
+/* Write what the socket takes now without a request (the common case: no
+ * write pending); drop the slices done, trim a partly written one. Returns
+ * 0, or a negative libuv error. */
+static int side_try_write(px_side *side) {
+  uv_buf_t bufs[PX_OUT_MAX];
+  for (unsigned i = 0; i < side->nout; i++)
+    bufs[i] = uv_buf_init((char *)side->out[i].ptr, side->out[i].len);
+  int n = uv_try_write((uv_stream_t *)&side->tcp, bufs, side->nout);
+  if (n == UV_EAGAIN || n == UV_ENOSYS)
+    return 0;
+  if (n < 0)
+    return n;
+  side->bytes_out += (uint64_t)n;
+  unsigned done = 0;
+  size_t left = (size_t)n;
+  while (done < side->nout && left >= side->out[done].len) {
+    left -= side->out[done].len;
+    px_chunk_unref(side->out[done++].chunk);
+  }
+  if (done < side->nout) {
+    side->out[done].ptr += left;
+    side->out[done].len -= (uint32_t)left;
+  }
+  side->nout -= done;
+  if (done && side->nout)
+    memmove(side->out, side->out + done, side->nout * sizeof *side->out);
+  return 0;
+}
+
 static void side_flush(px_side *side) {
   px_session *s = side->s;
   if (side->nout == 0 || !side->connected)
     return;
+  if (side->inflight == 0) {
+    int rc = side_try_write(side);
+    if (rc < 0) {
+      px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
+              (unsigned long long)s->id, s->peer, side->name, uv_strerror(rc));
+      px_session_close(s, side == &s->client ? "client write failed"
+                                             : "upstream write failed");
+      return;
+    }
+    if (side->nout == 0)
+      return;
+  }
   px_write *w = malloc(sizeof *w);
   if (!w) {
     px_session_close(s, "out of memory");
@@ -565,14 +606,20 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   if (s->state == PX_S_CLOSED)
     return;
   if (nread < 0) {
+    if (side->in && side->in->off == side->in->len) {
+      px_chunk_unref(side->in); /* allocated for this read: give it back */
+      side->in = NULL;
+    }
     if (nread == UV_ENOBUFS)
       px_session_close(s, "out of memory");
     else
       side_eof(s, side, nread);
     return;
   }
-  if (nread == 0)
+  if (nread == 0) {
+    settle_chunk(side);
     return;
+  }
   side->in->len += (uint32_t)nread;
   side->bytes_in += (uint64_t)nread;
   process_input(s, side);

@@ -115,7 +115,9 @@ void px__track_clear(px_session *s, px_chan *c) {
   t->lost = false;
 }
 
-static void new_delivery(px_session *s, px_chan *c, uint64_t tag,
+/* Track a delivery; with a rule, also start keeping its content (`queue`,
+ * `exchange` and `routing_key` are then needed for the copy's headers). */
+static void new_delivery(px_chan *c, uint64_t tag, const retry_rule *rule,
                          const char *queue, amqp_bytes exchange,
                          amqp_bytes routing_key) {
   px_track *t = &c->track;
@@ -138,9 +140,8 @@ static void new_delivery(px_session *s, px_chan *c, uint64_t tag,
   memset(d, 0, sizeof *d);
   d->tag = tag;
   d->state = PX_DL_UNCACHED;
-  d->rule =
-      queue ? retry_match(&s->srv->cfg->retry, queue, strlen(queue)) : NULL;
-  if (!d->rule)
+  d->rule = rule;
+  if (!rule)
     return;
   size_t ql = strlen(queue);
   d->names = malloc(ql + exchange.len + routing_key.len + 3);
@@ -214,8 +215,8 @@ static px_consumer *find_consumer(px_chan *c, amqp_bytes tag) {
   return NULL;
 }
 
-static void add_consumer(px_chan *c, amqp_bytes tag, const char *queue,
-                         bool no_ack) {
+static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
+                         const char *queue, bool no_ack) {
   px_track *t = &c->track;
   px_consumer *k =
       realloc(t->consumers, (t->nconsumers + 1) * sizeof *t->consumers);
@@ -235,6 +236,8 @@ static void add_consumer(px_chan *c, amqp_bytes tag, const char *queue,
   }
   k->tag_len = (uint8_t)tag.len;
   k->no_ack = no_ack;
+  k->rule =
+      no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
   t->nconsumers++;
 }
 
@@ -287,7 +290,7 @@ void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
     if (a[AMQP_F_BASIC_CONSUME_NO_WAIT].u) {
       char *q = dup_bytes(a[AMQP_F_BASIC_CONSUME_QUEUE].b);
       if (q)
-        add_consumer(c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
+        add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
                      a[AMQP_F_BASIC_CONSUME_NO_ACK].u);
       free(q);
     } else {
@@ -329,7 +332,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
   case AMQP_BASIC_CONSUME_OK:
     if (pop_request(c, &r)) {
       if (!r.is_get && r.queue)
-        add_consumer(c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b, r.queue,
+        add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b, r.queue,
                      r.no_ack);
       request_free(&r);
     }
@@ -340,28 +343,16 @@ void px__track_upstream_method(px_session *s, px_chan *c,
   case AMQP_BASIC_CANCEL: /* the broker cancels (queue deleted) */
     remove_consumer(c, a[AMQP_F_BASIC_CANCEL_CONSUMER_TAG].b);
     break;
-  case AMQP_BASIC_DELIVER: {
-    c->track.capture = -1;
-    px_consumer *k = find_consumer(c, a[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b);
-    if (!k) {
-      c->track.lost = true;
-      break;
-    }
-    if (!k->no_ack)
-      new_delivery(s, c, a[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u, k->queue,
-                   a[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
-                   a[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
-    break;
-  }
   case AMQP_BASIC_GET_OK:
     c->track.capture = -1;
     if (!pop_request(c, &r)) {
       c->track.lost = true;
       break;
     }
-    if (!r.no_ack)
-      new_delivery(s, c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, r.queue,
-                   a[AMQP_F_BASIC_GET_OK_EXCHANGE].b,
+    if (!r.no_ack && r.queue)
+      new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u,
+                   retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
+                   r.queue, a[AMQP_F_BASIC_GET_OK_EXCHANGE].b,
                    a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
     request_free(&r);
     break;
@@ -370,6 +361,35 @@ void px__track_upstream_method(px_session *s, px_chan *c,
       request_free(&r);
     break;
   }
+}
+
+/* basic.deliver, on every delivery: the consumer tag and delivery tag are
+ * read straight from the payload; the full decode (exchange, routing key)
+ * only for a delivery that will be kept for retry. */
+void px__track_deliver(px_chan *c, amqp_bytes payload) {
+  amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
+  amqp_bytes ctag = amqp_get_shortstr(&r);
+  uint64_t tag = amqp_get_u64(&r);
+  amqp_method m;
+  c->track.capture = -1;
+  px_consumer *k = r.failed ? NULL : find_consumer(c, ctag);
+  if (!k) {
+    c->track.lost = true;
+    return;
+  }
+  if (k->no_ack)
+    return;
+  if (!k->rule) {
+    new_delivery(c, tag, NULL, NULL, (amqp_bytes){0}, (amqp_bytes){0});
+    return;
+  }
+  if (amqp_method_decode(payload, &m) != AMQP_OK) {
+    c->track.lost = true;
+    return;
+  }
+  new_delivery(c, tag, k->rule, k->queue,
+               m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
+               m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
 }
 
 /* Everything a channel tracks, when it goes away. */

@@ -21,6 +21,7 @@ typedef struct px_consumer {
   uint8_t tag_len;
   bool no_ack;
   char *queue;
+  const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
 } px_consumer;
 
 /* basic.consume / basic.get waiting for their answer, in order. */

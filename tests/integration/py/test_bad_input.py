@@ -190,15 +190,15 @@ def test_handshake_timeout(rebound_factory, broker):
     rb = rebound_factory("--handshake-timeout", "1s")
     by = Bystander(rb, broker)
     try:
+        t0 = time.monotonic()  # before either connects: timers start at accept
         silent = a.RawClient(rb.port)  # sends nothing at all
         halfway = a.RawClient(rb.port)  # stops after connection.start
         halfway.send(a.PROTOCOL_HEADER)
         halfway.recv_method(a.CONNECTION_START)
-        t0 = time.monotonic()
         for c in (silent, halfway):
             c.wait_eof(timeout=5)
             elapsed = time.monotonic() - t0
-            assert 0.5 <= elapsed <= 3.5, "closed after %.2fs" % elapsed
+            assert 1.0 <= elapsed <= 3.5, "closed after %.2fs" % elapsed
             line = rb.wait_log("handshake_timeout", peer="127.0.0.1:%d" % c.local_port)
             assert line
             c.close()
