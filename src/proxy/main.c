@@ -56,9 +56,11 @@ int main(int argc, char **argv) {
     return 1;
   int rc = px_server_start(&srv, &loop, &cfg) == 0 ? 0 : 1;
   if (rc == 0)
-    uv_run(&loop, UV_RUN_DEFAULT);
-
-  /* drained (or stopped): close what is left and let callbacks finish */
+    uv_run(&loop, UV_RUN_DEFAULT); /* drained (or stopped): close what is left
+                                    * and let callbacks finish; a late signal no
+                                    * longer interrupts that */
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
   uv_walk(&loop, close_walk, NULL);
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
     ;

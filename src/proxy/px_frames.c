@@ -326,6 +326,11 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     break;
   }
   case AMQP_CONNECTION_CLOSE:
+    if (s->nops > 0) { /* the acks of the copies in flight go first */
+      px_info("client_close_waits", "id=%llu peer=%s pending=%u",
+              (unsigned long long)s->id, s->peer, (unsigned)s->nops);
+      return PX_HOLD_CONN;
+    }
     px__set_state(s, PX_S_CLOSING);
     break;
   case AMQP_CONNECTION_CLOSE_OK:
@@ -368,6 +373,14 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
   return PX_FORWARD;
 }
 
+static void close_upstream(px_session *s, const char *text) {
+  amqp_method m;
+  amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
+  px__emit_method(s, &s->upstream, 0, &m);
+}
+
 /* While rebound is closing the client (error, shutdown), only its
  * close-ok matters. */
 static int client_frame_closing(px_session *s, const amqp_frame *f) {
@@ -377,12 +390,10 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
   if (id != AMQP_CONNECTION_CLOSE_OK && id != AMQP_CONNECTION_CLOSE)
     return PX_DROP;
   if (s->draining && s->upstream.connected) {
-    amqp_method m;
-    amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
-    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
-    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
-        amqp_cstr("rebound shutting down");
-    px__emit_method(s, &s->upstream, 0, &m);
+    if (s->nops > 0) /* copies in flight: their acks first */
+      s->close_upstream_idle = true;
+    else
+      close_upstream(s, "rebound shutting down");
     return PX_DROP; /* the broker's close-ok ends the session */
   }
   px_session_close(s, s->close_reason ? s->close_reason : "closed by rebound");
@@ -477,15 +488,20 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
 }
 
 void px__retry_idle(px_session *s) {
+  if (s->state == PX_S_CLOSED)
+    return;
   if (s->yield_requested && s->own_state == PX_OWN_READY)
     own_yield_now(s);
-  if (s->client_gone && s->state != PX_S_CLOSED) {
-    amqp_method m;
-    amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
-    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
-    m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
-        amqp_cstr("client disconnected");
-    px__emit_method(s, &s->upstream, 0, &m);
+  bool closing = s->conn_held || s->close_upstream_idle;
+  if (s->conn_held)
+    px__release_conn_hold(s); /* the client's own connection.close */
+  if (s->close_upstream_idle) {
+    s->close_upstream_idle = false;
+    close_upstream(s, "rebound shutting down");
+  }
+  if (s->client_gone) {
+    if (!closing)
+      close_upstream(s, "client disconnected");
     px__close_after_flush(s, &s->upstream, "client disconnected");
   }
 }
@@ -564,6 +580,8 @@ static void upstream_content(px_chan *c, const amqp_frame *f, uint32_t id) {
 }
 
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
+  if (f->channel != 0 && f->channel == s->own_ch && own_active(s))
+    return own_frame(s, f); /* confirms of copies in flight still count */
   if (f->type == AMQP_FRAME_METHOD && f->channel == 0 &&
       (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
        amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&

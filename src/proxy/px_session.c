@@ -61,6 +61,8 @@ void px__set_state(px_session *s, px_state state) {
 static void session_free(px_session *s) {
   px__chans_free(s);
   px__retry_free(s);
+  if (s->conn_held)
+    px_chunk_unref(s->conn_hold.chunk);
   for (px_side *side = &s->client; side;
        side = side == &s->client ? &s->upstream : NULL) {
     for (unsigned i = 0; i < side->nout; i++)
@@ -357,6 +359,17 @@ void px__release_held(px_session *s, px_chan *c) {
   side_flush(&s->upstream);
 }
 
+void px__release_conn_hold(px_session *s) {
+  if (!s->conn_held)
+    return;
+  s->conn_held = false;
+  px__set_state(s, PX_S_CLOSING);
+  side_queue(&s->upstream, s->conn_hold.chunk, s->conn_hold.ptr,
+             s->conn_hold.len);
+  px_chunk_unref(s->conn_hold.chunk);
+  side_flush(&s->upstream);
+}
+
 void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
@@ -504,8 +517,9 @@ static void process_input(px_session *s, px_side *from) {
     }
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
-    int act = from == &s->client ? px__client_frame(s, &f, raw, &hold)
-                                 : px__upstream_frame(s, &f, raw);
+    int act = from == &s->upstream ? px__upstream_frame(s, &f, raw)
+              : s->conn_held       ? PX_DROP /* after its connection.close */
+                                   : px__client_frame(s, &f, raw, &hold);
     c->off += (uint32_t)n;
     if (act == PX_FORWARD) {
       s->run.end = c->off;
@@ -513,6 +527,11 @@ static void process_input(px_session *s, px_side *from) {
     }
     run_flush(s);
     s->run.start = s->run.end = c->off;
+    if (act == PX_HOLD_CONN) {
+      px_chunk_ref(c);
+      s->conn_hold = (px_slice){c, raw, (uint32_t)n};
+      s->conn_held = true;
+    }
     if (act == PX_HOLD) {
       px_chunk_ref(c);
       if (px_chan_hold(hold, (px_slice){c, raw, (uint32_t)n}) != 0)

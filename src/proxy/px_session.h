@@ -108,7 +108,10 @@ typedef struct px_session {
   uint32_t nbroken;
   uint64_t cache_bytes; /* deliveries kept for retry */
   bool warned_uncached;
-  bool client_gone; /* client left while retries were pending */
+  bool client_gone;         /* client left while retries were pending */
+  bool conn_held;           /* the client's connection.close waits ... */
+  px_slice conn_hold;       /* ... for the copies in flight */
+  bool close_upstream_idle; /* drained: close upstream once idle */
 
   /* set by a frame handler: close once this side has been written to */
   px_side *close_after;

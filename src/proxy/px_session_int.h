@@ -13,8 +13,10 @@
 enum px_action {
   PX_FORWARD, /* send on, as part of the current run */
   PX_DROP,    /* consumed here */
-  PX_HOLD,    /* keep in s->hold_chan's held frames */
-  PX_STOP,    /* the session is closing: stop parsing */
+  PX_HOLD,
+  /* keep in s->hold_chan's held frames */ PX_STOP, /* the session is closing:
+                                                       stop parsing */
+  PX_HOLD_CONN, /* connection.close: wait for the copies in flight */
 };
 
 /* Frame handlers (px_frames.c): return a px_action. `raw` is the whole
@@ -35,6 +37,9 @@ void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len);
 /* Encode and queue one method frame. */
 void px__emit_method(px_session *s, px_side *side, uint16_t ch,
                      const amqp_method *m);
+/* Send on the client's connection.close held by PX_HOLD_CONN. */
+void px__release_conn_hold(px_session *s);
+
 /* Queue held frames of a channel for upstream (they keep their order). */
 void px__release_held(px_session *s, px_chan *c);
 
