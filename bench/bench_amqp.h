@@ -213,8 +213,8 @@ static inline int ba_expect(ba_reader *r, uint16_t ch, uint32_t id,
       return 0;
     if (f->method == BA_MID(10, 50)) {
       const uint8_t *p = f->payload + 4;
-      fprintf(stderr, "bench_amqp: connection.close %u %.*s\n",
-              ba_get_u16(p), (int)p[2], (const char *)p + 3);
+      fprintf(stderr, "bench_amqp: connection.close %u %.*s\n", ba_get_u16(p),
+              (int)p[2], (const char *)p + 3);
       return -1;
     }
   }

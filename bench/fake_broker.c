@@ -43,8 +43,8 @@ typedef struct conn {
   bool flooding;
   uint16_t flood_ch;
   uint64_t next_tag;
-  ba_buf block;      /* whole messages; block.off = bytes written */
-  size_t *tag_offs;  /* where each delivery tag sits in the block */
+  ba_buf block;     /* whole messages; block.off = bytes written */
+  size_t *tag_offs; /* where each delivery tag sits in the block */
   size_t ntags;
   /* publisher confirms, a few channels */
   uint16_t confirm_ch[8];

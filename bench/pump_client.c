@@ -50,8 +50,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--cpu-pid"))
       cpu_pid = atol(v);
     else {
-      fprintf(stderr, "usage: pump_client [--host H] [--port P] [--seconds T] "
-                      "[--warmup W] [--queue Q] [--label TEXT] [--cpu-pid PID]\n");
+      fprintf(stderr,
+              "usage: pump_client [--host H] [--port P] [--seconds T] "
+              "[--warmup W] [--queue Q] [--label TEXT] [--cpu-pid PID]\n");
       return 2;
     }
   }
