@@ -1,0 +1,748 @@
+/* px_admin.c - the admin HTTP/1.1 server (see px_admin.h).
+ *
+ * A connection moves through one state machine, every transition here:
+ *
+ *   OPEN ──error response / Connection: close / EOF──▶ FLUSHING
+ *   FLUSHING ──last write done──▶ uv_shutdown ──▶ LINGER (or close on EOF)
+ *   LINGER ──EOF, read error or linger timer──▶ CLOSED
+ *   any ──timeout, write error, px_admin_stop──▶ CLOSED (uv_close)
+ *
+ * In OPEN the parser pauses after every request (on_message_complete returns
+ * HPE_PAUSED), so conn_feed alone decides what comes next: the next
+ * pipelined request, a flush-and-close, or a backpressure pause that keeps
+ * the unparsed input aside and stops reading until the output drains.
+ * Memory of a connection is freed only when both its handles have closed.
+ */
+#include "px_admin.h"
+
+#include <llhttp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_log.h"
+
+#define DEFAULT_MAX_CONNS 64
+#define DEFAULT_TIMEOUT_MS 10000
+#define DEFAULT_MAX_OUTPUT (1024 * 1024)
+#define LINGER_MS 2000        /* discard input after a final response */
+#define REQUEST_LINE_BYTES 16 /* method, spaces, version, CRLF (counted) */
+#define HEADER_DELIM_BYTES 4  /* ": " and CRLF around each header */
+#define MAX_CONTENT_TYPE 200
+
+typedef enum conn_state {
+  CONN_OPEN,     /* parsing requests */
+  CONN_FLUSHING, /* last response queued; shutdown once it is written */
+  CONN_LINGER,   /* write side shut down; input discarded until EOF/timer */
+  CONN_CLOSED,   /* uv_close called on both handles */
+} conn_state;
+
+static const char *const state_names[] = {"open", "flushing", "linger",
+                                          "closed"};
+
+typedef struct px_admin_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_shutdown_t shutdown;
+  px_admin *admin;
+  struct px_admin_conn *prev, *next;
+  conn_state state;
+  int handles;     /* of tcp and timer, not yet closed */
+  unsigned writes; /* write requests in flight */
+  bool reading;
+  bool paused; /* backpressure: parser stopped, input stashed */
+  bool got_eof;
+  bool keep_alive;  /* of the request being parsed */
+  int error_status; /* set by a parser callback before it fails */
+  size_t head_bytes, body_bytes;
+  char *stash; /* unparsed input kept while paused */
+  size_t stash_len;
+  llhttp_t parser;
+  char peer[64];
+  size_t url_len;
+  char url[PX_ADMIN_MAX_HEAD + 1];
+} px_admin_conn;
+
+typedef struct admin_write {
+  uv_write_t req;
+  char *body;
+  char head[1024];
+} admin_write;
+
+static void conn_close(px_admin_conn *c);
+static void conn_feed(px_admin_conn *c, const char *data, size_t len);
+static void conn_finish(px_admin_conn *c);
+
+/* ---- response helpers ---- */
+
+static int resp_fail(px_admin_response *r) {
+  r->failed = true;
+  return -1;
+}
+
+/* Make room for `extra` more bytes plus a NUL. */
+static int resp_reserve(px_admin_response *r, size_t extra) {
+  if (r->failed || extra > PX_ADMIN_MAX_RESPONSE - r->len)
+    return resp_fail(r);
+  if (r->cap - r->len > extra)
+    return 0;
+  size_t cap = r->cap ? r->cap : 256;
+  while (cap - r->len <= extra)
+    cap *= 2;
+  if (cap > PX_ADMIN_MAX_RESPONSE + 1)
+    cap = PX_ADMIN_MAX_RESPONSE + 1;
+  char *p = realloc(r->body, cap);
+  if (!p)
+    return resp_fail(r);
+  r->body = p;
+  r->cap = cap;
+  return 0;
+}
+
+int px_admin_append(px_admin_response *r, const void *data, size_t len) {
+  if (resp_reserve(r, len) < 0)
+    return -1;
+  if (len)
+    memcpy(r->body + r->len, data, len);
+  r->len += len;
+  r->body[r->len] = '\0';
+  return 0;
+}
+
+int px_admin_printf(px_admin_response *r, const char *fmt, ...) {
+  va_list ap;
+  size_t room = r->cap - r->len;
+  if (r->failed)
+    return -1;
+  va_start(ap, fmt);
+  int n = vsnprintf(room ? r->body + r->len : NULL, room, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    return resp_fail(r);
+  if ((size_t)n >= room) { /* did not fit: grow and format again */
+    if (resp_reserve(r, (size_t)n) < 0)
+      return -1;
+    va_start(ap, fmt);
+    vsnprintf(r->body + r->len, r->cap - r->len, fmt, ap);
+    va_end(ap);
+  }
+  r->len += (size_t)n;
+  return 0;
+}
+
+static bool is_token(const char *s) {
+  if (!*s)
+    return false;
+  for (; *s; s++)
+    if (!strchr("!#$%&'*+-.^_`|~", *s) && !(*s >= '0' && *s <= '9') &&
+        !(*s >= 'a' && *s <= 'z') && !(*s >= 'A' && *s <= 'Z'))
+      return false;
+  return true;
+}
+
+int px_admin_header(px_admin_response *r, const char *name, const char *value) {
+  size_t room = sizeof r->headers - r->headers_len;
+  if (r->failed || !is_token(name) || strpbrk(value, "\r\n"))
+    return resp_fail(r);
+  int n =
+      snprintf(r->headers + r->headers_len, room, "%s: %s\r\n", name, value);
+  if (n < 0 || (size_t)n >= room)
+    return resp_fail(r);
+  r->headers_len += (size_t)n;
+  return 0;
+}
+
+static const struct {
+  int status;
+  const char *reason;
+} reasons[] = {
+    {200, "OK"},
+    {204, "No Content"},
+    {400, "Bad Request"},
+    {403, "Forbidden"},
+    {404, "Not Found"},
+    {405, "Method Not Allowed"},
+    {413, "Content Too Large"},
+    {431, "Request Header Fields Too Large"},
+    {500, "Internal Server Error"},
+    {503, "Service Unavailable"},
+};
+
+static const char *status_reason(int status) {
+  for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
+    if (reasons[i].status == status)
+      return reasons[i].reason;
+  return "Status";
+}
+
+/* ---- timers and writes ---- */
+
+static void on_conn_timer(uv_timer_t *t) {
+  px_admin_conn *c = t->data;
+  if (c->state == CONN_OPEN || c->state == CONN_FLUSHING) {
+    c->admin->stats.timeouts++;
+    px_debug("admin_timeout", "peer=%s state=%s timeout_ms=%llu", c->peer,
+             state_names[c->state],
+             (unsigned long long)c->admin->limits.timeout_ms);
+  }
+  conn_close(c);
+}
+
+static void conn_arm(px_admin_conn *c, uint64_t ms) {
+  if (c->state != CONN_CLOSED)
+    uv_timer_start(&c->timer, on_conn_timer, ms, 0);
+}
+
+static size_t conn_output(px_admin_conn *c) {
+  return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  px_admin_conn *c = req->handle->data;
+  if (c->state == CONN_CLOSED)
+    return;
+  if (status < 0 || c->got_eof) {
+    conn_close(c);
+    return;
+  }
+  c->state = CONN_LINGER;
+  uint64_t ms = c->admin->limits.timeout_ms;
+  conn_arm(c, ms < LINGER_MS ? ms : LINGER_MS);
+}
+
+static void conn_shutdown(px_admin_conn *c) {
+  int rc = uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown);
+  if (rc < 0)
+    conn_close(c);
+}
+
+static void conn_resume(px_admin_conn *c);
+
+static void on_write(uv_write_t *req, int status) {
+  admin_write *w = (admin_write *)req;
+  px_admin_conn *c = req->handle->data;
+  free(w->body);
+  free(w);
+  c->writes--;
+  if (c->state == CONN_CLOSED)
+    return;
+  if (status < 0) {
+    px_debug("admin_write_failed", "peer=%s error=\"%s\"", c->peer,
+             uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  if (c->state == CONN_FLUSHING) {
+    if (c->writes == 0)
+      conn_shutdown(c);
+    return;
+  }
+  conn_arm(c, c->admin->limits.timeout_ms); /* the client is reading */
+  if (c->paused && conn_output(c) <= c->admin->limits.max_output)
+    conn_resume(c);
+}
+
+static bool resp_valid(const px_admin_response *r) {
+  return !r->failed && r->status >= 200 && r->status <= 599 &&
+         (!r->content_type || (strlen(r->content_type) <= MAX_CONTENT_TYPE &&
+                               !strpbrk(r->content_type, "\r\n")));
+}
+
+/* Queue one response; takes the body. `head_only` drops the body (HEAD). */
+static void conn_send(px_admin_conn *c, px_admin_response *r, bool head_only,
+                      bool keep_alive) {
+  if (!resp_valid(r)) {
+    free(r->body);
+    *r = (px_admin_response){.status = 500};
+    px_admin_append(r, "internal error\n", 15);
+  }
+  admin_write *w = malloc(sizeof *w);
+  if (!w) {
+    free(r->body);
+    conn_close(c);
+    return;
+  }
+  int n = snprintf(
+      w->head, sizeof w->head,
+      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
+      "Content-Length: %zu\r\nConnection: %s\r\n%.*s\r\n",
+      r->status, status_reason(r->status),
+      r->content_type ? r->content_type : "text/plain; charset=utf-8", r->len,
+      keep_alive ? "keep-alive" : "close", (int)r->headers_len, r->headers);
+  if (n < 0 || (size_t)n >= sizeof w->head) { /* cannot happen: bounded */
+    free(r->body);
+    free(w);
+    conn_close(c);
+    return;
+  }
+  uv_buf_t bufs[2] = {uv_buf_init(w->head, (unsigned)n),
+                      uv_buf_init(r->body, (unsigned)r->len)};
+  w->body = r->body;
+  unsigned nbufs = head_only || r->len == 0 ? 1 : 2;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_write);
+  if (rc < 0) {
+    free(w->body);
+    free(w);
+    conn_close(c);
+    return;
+  }
+  c->writes++;
+}
+
+static void conn_send_error(px_admin_conn *c, int status, const char *text) {
+  px_admin_response r = {.status = status};
+  px_admin_printf(&r, "%s\n", text);
+  conn_send(c, &r, false, false);
+}
+
+/* ---- reading ---- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  px_admin_conn *c = h->data;
+  (void)suggested;
+  *buf = uv_buf_init(c->admin->rbuf, sizeof c->admin->rbuf);
+}
+
+static void conn_stash(px_admin_conn *c, const char *data, size_t len) {
+  if (!len)
+    return;
+  char *p = realloc(c->stash, c->stash_len + len);
+  if (!p) {
+    conn_close(c);
+    return;
+  }
+  memcpy(p + c->stash_len, data, len);
+  c->stash = p;
+  c->stash_len += len;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  px_admin_conn *c = s->data;
+  if (nread == 0 || c->state == CONN_CLOSED)
+    return;
+  if (nread < 0) {
+    c->reading = false;
+    c->got_eof = true;
+    if (nread != UV_EOF || c->state == CONN_LINGER)
+      conn_close(c);
+    else
+      conn_finish(c); /* answer what was asked, then close */
+    return;
+  }
+  if (c->state != CONN_OPEN)
+    return; /* flushing or lingering: input is discarded */
+  if (c->paused)
+    conn_stash(c, buf->base, (size_t)nread);
+  else
+    conn_feed(c, buf->base, (size_t)nread);
+}
+
+static void conn_read_start(px_admin_conn *c) {
+  if (c->reading || c->got_eof || c->state == CONN_CLOSED)
+    return;
+  int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  if (rc < 0) {
+    conn_close(c);
+    return;
+  }
+  c->reading = true;
+}
+
+static void conn_read_stop(px_admin_conn *c) {
+  if (c->reading)
+    uv_read_stop((uv_stream_t *)&c->tcp);
+  c->reading = false;
+}
+
+/* ---- the state machine ---- */
+
+/* No more requests: write what is queued, then shut down and linger. */
+static void conn_finish(px_admin_conn *c) {
+  if (c->state != CONN_OPEN)
+    return;
+  c->state = CONN_FLUSHING;
+  c->paused = false;
+  free(c->stash);
+  c->stash = NULL;
+  c->stash_len = 0;
+  conn_read_start(c); /* keep draining input so close sends no reset */
+  if (c->state == CONN_FLUSHING && c->writes == 0)
+    conn_shutdown(c);
+}
+
+static void conn_pause(px_admin_conn *c, const char *data, size_t len) {
+  c->paused = true;
+  conn_read_stop(c);
+  conn_stash(c, data, len);
+}
+
+static void conn_resume(px_admin_conn *c) {
+  char *data = c->stash;
+  size_t len = c->stash_len;
+  c->stash = NULL;
+  c->stash_len = 0;
+  c->paused = false;
+  conn_feed(c, data, len);
+  free(data);
+  if (c->state == CONN_OPEN && !c->paused)
+    conn_read_start(c);
+}
+
+static void conn_parse_error(px_admin_conn *c, llhttp_errno_t err) {
+  int status = c->error_status ? c->error_status : 400;
+  px_admin *a = c->admin;
+  a->stats.errors++;
+  px_debug("admin_bad_request", "peer=%s status=%d error=%s reason=\"%s\"",
+           c->peer, status, llhttp_errno_name(err),
+           llhttp_get_error_reason(&c->parser));
+  conn_send_error(c, status, status_reason(status));
+  conn_finish(c);
+}
+
+/* Parse `data` until it is used up or the connection must wait or end. */
+static void conn_feed(px_admin_conn *c, const char *data, size_t len) {
+  while (c->state == CONN_OPEN && len > 0) {
+    llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
+    if (err == HPE_OK)
+      return;
+    if (err != HPE_PAUSED) {
+      conn_parse_error(c, err);
+      return;
+    }
+    /* One request answered; the parser stopped right after it. */
+    size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+    data += used;
+    len -= used;
+    llhttp_resume(&c->parser);
+    if (c->state != CONN_OPEN)
+      return;
+    if (!c->keep_alive) {
+      conn_finish(c);
+      return;
+    }
+    if (conn_output(c) > c->admin->limits.max_output) {
+      conn_pause(c, data, len);
+      return;
+    }
+  }
+}
+
+/* ---- llhttp callbacks ---- */
+
+static int parse_fail(llhttp_t *p, int status, const char *reason) {
+  px_admin_conn *c = p->data;
+  c->error_status = status;
+  llhttp_set_error_reason(p, reason);
+  return HPE_USER;
+}
+
+static int count_head(llhttp_t *p, size_t n) {
+  px_admin_conn *c = p->data;
+  if (n > PX_ADMIN_MAX_HEAD - c->head_bytes)
+    return parse_fail(p, 431, "request head too large");
+  c->head_bytes += n;
+  return 0;
+}
+
+static int on_message_begin(llhttp_t *p) {
+  px_admin_conn *c = p->data;
+  c->url_len = 0;
+  c->head_bytes = REQUEST_LINE_BYTES;
+  c->body_bytes = 0;
+  c->error_status = 0;
+  return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len) {
+  px_admin_conn *c = p->data;
+  if (count_head(p, len) != 0 || len > sizeof c->url - 1 - c->url_len)
+    return parse_fail(p, 431, "request target too long");
+  memcpy(c->url + c->url_len, at, len);
+  c->url_len += len;
+  return 0;
+}
+
+static int on_header_data(llhttp_t *p, const char *at, size_t len) {
+  (void)at;
+  return count_head(p, len);
+}
+
+static int on_header_value_complete(llhttp_t *p) {
+  return count_head(p, HEADER_DELIM_BYTES);
+}
+
+static int on_headers_complete(llhttp_t *p) {
+  px_admin_conn *c = p->data;
+  c->keep_alive = llhttp_should_keep_alive(p) && !llhttp_get_upgrade(p);
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > PX_ADMIN_MAX_BODY) {
+    parse_fail(p, 413, "request body too large");
+    return -1;
+  }
+  return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len) {
+  px_admin_conn *c = p->data;
+  (void)at;
+  if (len > PX_ADMIN_MAX_BODY - c->body_bytes)
+    return parse_fail(p, 413, "request body too large");
+  c->body_bytes += len;
+  return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+  px_admin_conn *c = p->data;
+  px_admin *a = c->admin;
+  bool head = llhttp_get_method(p) == HTTP_HEAD;
+  const char *method = head ? "GET" : llhttp_method_name(llhttp_get_method(p));
+  px_admin_response r = {.status = 200};
+
+  c->url[c->url_len] = '\0';
+  c->url[strcspn(c->url, "?#")] = '\0';
+  a->route(a->ctx, method, c->url, &r);
+  a->stats.requests++;
+  char q[128];
+  px_log_quote(q, sizeof q, c->url, SIZE_MAX);
+  if (!resp_valid(&r))
+    px_warn("admin_response_failed", "peer=%s path=%s status=%d failed=%d",
+            c->peer, q, r.status, (int)r.failed);
+  else
+    px_debug("admin_request", "peer=%s method=%s path=%s status=%d bytes=%zu",
+             c->peer, head ? "HEAD" : method, q, r.status, r.len);
+  conn_send(c, &r, head, c->keep_alive);
+  conn_arm(c, a->limits.timeout_ms);
+  return HPE_PAUSED; /* conn_feed decides what comes next */
+}
+
+static const llhttp_settings_t parser_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_data,
+    .on_header_value = on_header_data,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* ---- server ---- */
+
+static void format_addr(const struct sockaddr_storage *ss, char *out,
+                        size_t cap) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+    uv_ip4_name(in, ip, sizeof ip);
+    port = ntohs(in->sin_port);
+    snprintf(out, cap, "%s:%d", ip, port);
+  } else if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+    uv_ip6_name(in6, ip, sizeof ip);
+    port = ntohs(in6->sin6_port);
+    snprintf(out, cap, "[%s]:%d", ip, port);
+  } else {
+    snprintf(out, cap, "?");
+  }
+}
+
+static void admin_check_done(px_admin *a) {
+  if (!a->stopping || a->listener_open || a->conns || a->nrefused_closing)
+    return;
+  void (*done)(void *) = a->done;
+  a->done = NULL;
+  if (done)
+    done(a->done_arg);
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+  px_admin_conn *c = h->data;
+  if (--c->handles > 0)
+    return;
+  px_admin *a = c->admin;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    a->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  a->nconns--;
+  free(c->stash);
+  free(c);
+  if (a->refusing && a->nconns < a->limits.max_conns) {
+    px_info("admin_conn_refused_end", "address=%s refused=%llu", a->addr,
+            (unsigned long long)a->burst_refused);
+    a->refusing = false;
+  }
+  admin_check_done(a);
+}
+
+static void conn_close(px_admin_conn *c) {
+  if (c->state == CONN_CLOSED)
+    return;
+  c->state = CONN_CLOSED;
+  c->reading = false;
+  uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+  uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+}
+
+static void on_refused_closed(uv_handle_t *h) {
+  px_admin *a = h->data;
+  free(h);
+  a->nrefused_closing--;
+  admin_check_done(a);
+}
+
+/* Over the cap: accept and close at once, one warn line per burst. */
+static void admin_refuse(px_admin *a) {
+  uv_tcp_t *t = malloc(sizeof *t);
+  if (!t || uv_tcp_init(a->loop, t) != 0) {
+    free(t);
+    px_warn("admin_accept_failed", "address=%s error=\"out of memory\"",
+            a->addr);
+    return;
+  }
+  t->data = a;
+  a->nrefused_closing++;
+  (void)uv_accept((uv_stream_t *)&a->listener, (uv_stream_t *)t);
+  uv_close((uv_handle_t *)t, on_refused_closed);
+  a->stats.conns_refused++;
+  if (!a->refusing) {
+    a->refusing = true;
+    a->burst_refused = 0;
+    px_warn("admin_conn_refused", "address=%s max_conns=%u", a->addr,
+            a->limits.max_conns);
+  }
+  a->burst_refused++;
+}
+
+static void conn_start(px_admin *a, px_admin_conn *c) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  int rc = uv_accept((uv_stream_t *)&a->listener, (uv_stream_t *)&c->tcp);
+  if (rc < 0) {
+    px_warn("admin_accept_failed", "address=%s error=\"%s\"", a->addr,
+            uv_strerror(rc));
+    conn_close(c);
+    return;
+  }
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
+    format_addr(&ss, c->peer, sizeof c->peer);
+  else
+    snprintf(c->peer, sizeof c->peer, "?");
+  (void)uv_tcp_nodelay(&c->tcp, 1); /* best effort */
+  llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+  c->parser.data = c;
+  a->stats.conns_total++;
+  conn_arm(c, a->limits.timeout_ms);
+  conn_read_start(c);
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  px_admin *a = listener->data;
+  if (status < 0) {
+    px_warn("admin_accept_failed", "address=%s error=\"%s\"", a->addr,
+            uv_strerror(status));
+    return;
+  }
+  if (a->nconns >= a->limits.max_conns) {
+    admin_refuse(a);
+    return;
+  }
+  px_admin_conn *c = calloc(1, sizeof *c);
+  if (!c || uv_tcp_init(a->loop, &c->tcp) != 0) {
+    free(c);
+    admin_refuse(a);
+    return;
+  }
+  uv_timer_init(a->loop, &c->timer); /* cannot fail */
+  c->tcp.data = c->timer.data = c;
+  c->admin = a;
+  c->handles = 2;
+  c->next = a->conns;
+  if (a->conns)
+    a->conns->prev = c;
+  a->conns = c;
+  a->nconns++;
+  conn_start(a, c);
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+  px_admin *a = h->data;
+  a->listener_open = false;
+  admin_check_done(a);
+}
+
+void px_admin_set_limits(px_admin *a, const px_admin_limits *l) {
+  px_admin_limits d = l ? *l : (px_admin_limits){0};
+  a->limits.max_conns = d.max_conns ? d.max_conns : DEFAULT_MAX_CONNS;
+  a->limits.timeout_ms = d.timeout_ms ? d.timeout_ms : DEFAULT_TIMEOUT_MS;
+  a->limits.max_output = d.max_output ? d.max_output : DEFAULT_MAX_OUTPUT;
+}
+
+/* Bind and listen on `ss`; on failure the listener is already closing. */
+static int admin_listen(px_admin *a, struct sockaddr_storage *ss) {
+  int len = sizeof *ss;
+  int rc = uv_tcp_init(a->loop, &a->listener);
+  if (rc < 0)
+    return rc;
+  a->listener.data = a;
+  a->listener_open = true;
+  rc = uv_tcp_bind(&a->listener, (struct sockaddr *)ss, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t *)&a->listener, 128, on_connection);
+  if (rc < 0) {
+    uv_close((uv_handle_t *)&a->listener, on_listener_closed);
+    return rc;
+  }
+  if (uv_tcp_getsockname(&a->listener, (struct sockaddr *)ss, &len) == 0)
+    format_addr(ss, a->addr, sizeof a->addr); /* the port bound for 0 */
+  return 0;
+}
+
+int px_admin_start(px_admin *a, uv_loop_t *loop, const char *host,
+                   uint16_t port, px_admin_route_fn route, void *ctx) {
+  struct sockaddr_storage ss;
+  int rc;
+
+  memset(a, 0, sizeof *a);
+  a->loop = loop;
+  a->route = route;
+  a->ctx = ctx;
+  px_admin_set_limits(a, NULL);
+  if (strchr(host, ':'))
+    snprintf(a->addr, sizeof a->addr, "[%s]:%u", host, (unsigned)port);
+  else
+    snprintf(a->addr, sizeof a->addr, "%s:%u", host, (unsigned)port);
+  memset(&ss, 0, sizeof ss);
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0) {
+    px_error("admin_listen_failed",
+             "address=%s error=\"not a numeric IP address\"", a->addr);
+    return UV_EINVAL;
+  }
+  rc = admin_listen(a, &ss);
+  if (rc < 0) {
+    px_error("admin_listen_failed", "address=%s error=\"%s\"", a->addr,
+             uv_strerror(rc));
+    return rc;
+  }
+  px_info("admin_listening", "address=%s", a->addr);
+  return 0;
+}
+
+void px_admin_stop(px_admin *a, void (*done)(void *arg), void *arg) {
+  a->stopping = true;
+  a->done = done;
+  a->done_arg = arg;
+  if (a->listener_open && !uv_is_closing((uv_handle_t *)&a->listener))
+    uv_close((uv_handle_t *)&a->listener, on_listener_closed);
+  for (px_admin_conn *c = a->conns; c; c = c->next)
+    conn_close(c); /* unlinked in its close callback */
+  admin_check_done(a);
+}
+
+unsigned px_admin_connections(const px_admin *a) {
+  return a->nconns;
+}

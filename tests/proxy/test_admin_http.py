@@ -1,0 +1,475 @@
+"""The admin HTTP server (src/proxy/px_admin.c) over real sockets.
+
+Each test starts tests/proxy/admin_harness.c (path in REBOUND_ADMIN_HARNESS)
+on a free port with a fixed router: GET /ok -> "ok\\n", GET /big -> 2 MiB,
+/method-check -> 405 for anything but GET, GET /conns -> open admin
+connections, anything else -> 404. Every harness is stopped with SIGTERM and
+must exit 0 with no sanitizer report (LeakSanitizer included).
+"""
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+HARNESS = os.environ.get("REBOUND_ADMIN_HARNESS")
+BIG = 2 * 1024 * 1024
+
+pytestmark = pytest.mark.skipif(
+    not HARNESS, reason="REBOUND_ADMIN_HARNESS is not set")
+
+
+class Harness:
+    def __init__(self, tmp_path, *args):
+        self.err_path = tmp_path / f"harness-{time.monotonic_ns()}.err"
+        self.err = open(self.err_path, "wb")
+        env = dict(os.environ)
+        # ASan's quarantine would count freed bodies as resident memory.
+        env.setdefault("ASAN_OPTIONS", "quarantine_size_mb=4:detect_leaks=1")
+        self.proc = subprocess.Popen([HARNESS, "--debug", *args],
+                                     stdout=subprocess.PIPE, stderr=self.err,
+                                     env=env)
+        line = self.proc.stdout.readline().decode()
+        m = re.match(r"port=(\d+)", line)
+        assert m, f"harness did not start: {line!r} {self.stderr()}"
+        self.port = int(m.group(1))
+
+    def stderr(self):
+        self.err.flush()
+        return self.err_path.read_text(errors="replace")
+
+    def connect(self, timeout=5.0, rcvbuf=None):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(timeout)
+        s.connect(("127.0.0.1", self.port))
+        return s
+
+    def http(self):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+
+    def get(self, path, method="GET", headers=None):
+        c = self.http()
+        try:
+            c.request(method, path, headers=headers or {})
+            r = c.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("harness did not exit on SIGTERM")
+        self.proc.stdout.close()
+        self.err.close()
+        err = self.err_path.read_text(errors="replace")
+        assert rc == 0, f"harness exit {rc}:\n{err}"
+        assert "Sanitizer" not in err and "runtime error" not in err, err
+        return err
+
+
+@pytest.fixture
+def start(tmp_path):
+    started = []
+
+    def _start(*args):
+        h = Harness(tmp_path, *[str(a) for a in args])
+        started.append(h)
+        return h
+
+    yield _start
+    for h in started:
+        h.stop()
+
+
+@pytest.fixture
+def harness(start):
+    return start()
+
+
+class Reader:
+    """Reads HTTP/1.1 responses off a raw socket, one at a time."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self):
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError("connection closed")
+        self.buf += data
+
+    def response(self, head_only=False):
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        version, status, _ = (lines[0].split(" ", 2) + [""])[:3]
+        assert version == "HTTP/1.1", lines[0]
+        headers = {}
+        for line in lines[1:]:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+        n = 0 if head_only else int(headers["content-length"])
+        while len(self.buf) < n:
+            self._fill()
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return int(status), headers, body
+
+    def closed(self):
+        """True once the server has closed (EOF or reset); no extra bytes."""
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return self.buf == b""
+                self.buf += data
+        except ConnectionResetError:
+            return self.buf == b""
+
+
+def req(path, method="GET", version="1.1", headers=()):
+    lines = [f"{method} {path} HTTP/{version}", "Host: test", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def wait_for(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+# ---- status codes and routing ----
+
+def test_ok_200_with_module_headers(harness):
+    status, headers, body = harness.get("/ok")
+    assert (status, body) == (200, b"ok\n")
+    assert headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert headers["Content-Length"] == "3"
+    assert headers["Connection"] == "keep-alive"
+
+
+def test_unknown_path_404(harness):
+    status, _, body = harness.get("/nope")
+    assert (status, body) == (404, b"not found\n")
+
+
+def test_wrong_method_405_with_allow(harness):
+    status, headers, body = harness.get("/method-check", method="POST")
+    assert status == 405
+    assert headers["Allow"] == "GET, HEAD"
+    assert body == b"method POST not allowed\n"
+    assert harness.get("/method-check")[0] == 200
+
+
+def test_query_string_stripped(harness):
+    assert harness.get("/ok?x=1")[:3:2] == (200, b"ok\n")
+    assert harness.get("/ok?")[0] == 200
+    with harness.connect() as s:
+        s.sendall(req("/method-check?a=b#frag"))
+        assert Reader(s).response()[::2] == (200, b"method GET\n")
+
+
+# ---- connection handling ----
+
+def test_keep_alive_two_requests_one_socket(harness):
+    c = harness.http()
+    c.request("GET", "/ok")
+    r = c.getresponse()
+    assert (r.status, r.read()) == (200, b"ok\n")
+    sock = c.sock
+    c.request("GET", "/nope")
+    r = c.getresponse()
+    assert (r.status, r.read()) == (404, b"not found\n")
+    assert c.sock is sock, "http.client had to reconnect"
+    c.close()
+    with harness.connect() as s:
+        rd = Reader(s)
+        for path in ("/ok", "/ok"):
+            s.sendall(req(path))
+            status, headers, body = rd.response()
+            assert (status, body) == (200, b"ok\n")
+            assert headers["connection"] == "keep-alive"
+
+
+def test_pipelined_requests_answered_in_order(harness):
+    with harness.connect() as s:
+        s.sendall(req("/ok") + req("/nope") + req("/method-check", "PUT") +
+                  req("/method-check") + req("/ok"))
+        rd = Reader(s)
+        got = [rd.response() for _ in range(5)]
+        assert [(st, b) for st, _, b in got] == [
+            (200, b"ok\n"), (404, b"not found\n"),
+            (405, b"method PUT not allowed\n"), (200, b"method GET\n"),
+            (200, b"ok\n")]
+
+
+def test_pipelined_requests_split_at_every_byte(harness):
+    data = req("/ok") + req("/method-check?q", "DELETE") + req("/nope")
+    with harness.connect() as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(data)):
+            s.send(data[i:i + 1])
+            time.sleep(0.001)
+        rd = Reader(s)
+        assert [rd.response()[0] for _ in range(3)] == [200, 405, 404]
+
+
+def test_connection_close_honoured(harness):
+    with harness.connect() as s:
+        s.sendall(req("/ok", headers=["Connection: close"]) + req("/ok"))
+        rd = Reader(s)
+        status, headers, body = rd.response()
+        assert (status, body) == (200, b"ok\n")
+        assert headers["connection"] == "close"
+        assert rd.closed(), "second pipelined request answered after close"
+
+
+def test_http10_closes_unless_keep_alive(harness):
+    with harness.connect() as s:
+        s.sendall(req("/ok", version="1.0"))
+        rd = Reader(s)
+        status, headers, body = rd.response()
+        assert (status, body, headers["connection"]) == (200, b"ok\n", "close")
+        assert rd.closed()
+    with harness.connect() as s:
+        rd = Reader(s)
+        for _ in range(2):
+            s.sendall(req("/ok", version="1.0",
+                          headers=["Connection: keep-alive"]))
+            status, headers, _ = rd.response()
+            assert (status, headers["connection"]) == (200, "keep-alive")
+
+
+# ---- bad requests ----
+
+@pytest.mark.parametrize("raw", [
+    b"GARBAGE\r\n\r\n",
+    b"GET /ok HTTP/1.1\r\nBad Header\r\n\r\n",
+    b"GET /ok HTTP/9.9\r\n\r\n",
+    b"GET /ok HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
+])
+def test_malformed_request_400_and_close(harness, raw):
+    with harness.connect() as s:
+        s.sendall(raw + req("/ok"))
+        rd = Reader(s)
+        status, headers, body = rd.response()
+        assert (status, body) == (400, b"Bad Request\n")
+        assert headers["connection"] == "close"
+        assert rd.closed(), "request after a malformed one was answered"
+    assert harness.get("/ok")[0] == 200
+
+
+@pytest.mark.parametrize("shape", ["one_header", "many_headers", "long_url"])
+def test_headers_over_8k_431_and_close(harness, shape):
+    if shape == "one_header":
+        big = req("/ok", headers=["X-Big: " + "a" * 9000])
+    elif shape == "many_headers":
+        big = req("/ok", headers=[f"X-H{i}: {'b' * 90}" for i in range(100)])
+    else:
+        big = req("/ok?" + "c" * 9000)
+    with harness.connect() as s:
+        s.sendall(big)
+        rd = Reader(s)
+        status, headers, _ = rd.response()
+        assert status == 431
+        assert headers["connection"] == "close"
+        assert rd.closed()
+
+
+def test_headers_under_8k_accepted(harness):
+    with harness.connect() as s:
+        s.sendall(req("/ok", headers=["X-Big: " + "a" * 7000]))
+        assert Reader(s).response()[::2] == (200, b"ok\n")
+
+
+def test_small_body_read_and_ignored(harness):
+    with harness.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/ok", headers=["Content-Length: 20"]) +
+                  b"GET /nope HTTP/1.1\r\n" + req("/method-check"))
+        assert rd.response()[::2] == (200, b"ok\n")
+        assert rd.response()[::2] == (200, b"method GET\n")
+        chunked = (req("/ok", headers=["Transfer-Encoding: chunked"]) +
+                   b"5\r\nGET /\r\n0\r\n\r\n")
+        s.sendall(chunked + req("/ok"))
+        assert rd.response()[0] == 200
+        assert rd.response()[0] == 200
+
+
+def test_body_too_large_413_and_close(harness):
+    # Refused on the declared length alone, before any body byte...
+    with harness.connect(timeout=3) as s:
+        s.sendall(req("/ok", headers=["Content-Length: 100000"]))
+        rd = Reader(s)
+        status, headers, _ = rd.response()
+        assert (status, headers["connection"]) == (413, "close")
+        assert rd.closed()
+    # ...and the body the client sends anyway does not turn into a reset.
+    with harness.connect() as s:
+        s.sendall(req("/ok", headers=["Content-Length: 100000"]) +
+                  b"x" * 20000)
+        rd = Reader(s)
+        assert rd.response()[0] == 413
+        assert rd.closed()
+    with harness.connect() as s:
+        chunk = b"4000\r\n" + b"y" * 0x4000 + b"\r\n"
+        s.sendall(req("/ok", headers=["Transfer-Encoding: chunked"]) + chunk)
+        rd = Reader(s)
+        assert rd.response()[0] == 413
+        assert rd.closed()
+
+
+def test_head_same_headers_as_get_no_body(harness):
+    with harness.connect() as s:
+        rd = Reader(s)
+        for path, length in (("/ok", "3"), ("/big", str(BIG))):
+            s.sendall(req(path))
+            get_status, get_headers, body = rd.response()
+            assert len(body) == int(length)
+            s.sendall(req(path, "HEAD") + req("/nope"))
+            status, headers, _ = rd.response(head_only=True)
+            assert (status, headers) == (get_status, get_headers)
+            assert headers["content-length"] == length
+            # The next response follows the head at once: no body was sent.
+            assert rd.response()[::2] == (404, b"not found\n")
+        s.sendall(req("/method-check", "HEAD"))
+        assert rd.response(head_only=True)[0] == 200
+
+
+# ---- limits ----
+
+@pytest.mark.parametrize("args,cap", [((), 64), (("--max-conns", 4), 4)],
+                         ids=["default_64", "configured_4"])
+def test_connection_cap(start, args, cap):
+    h = start(*args)
+    kept = [h.connect() for _ in range(cap)]
+    readers = [Reader(s) for s in kept]
+    for s, rd in zip(kept, readers):
+        s.sendall(req("/ok"))
+        assert rd.response()[0] == 200
+    for _ in range(3):  # one burst of refusals
+        with h.connect(timeout=3) as extra:
+            assert Reader(extra).closed(), "over-cap connection was kept"
+    for s, rd in zip(kept, readers):
+        s.sendall(req("/ok"))
+        assert rd.response()[::2] == (200, b"ok\n")
+    assert wait_for(lambda: h.stderr().count("msg=admin_conn_refused ") == 1)
+    assert "level=warn msg=admin_conn_refused address=127.0.0.1:" in h.stderr()
+    kept.pop().close()
+    assert wait_for(lambda: "msg=admin_conn_refused_end" in h.stderr())
+    status, _, body = h.get("/conns")
+    assert (status, body) == (200, f"{cap}\n".encode())
+    for s in kept:
+        s.close()
+
+
+def test_idle_connection_closed_after_timeout(start):
+    h = start("--timeout-ms", 1000)
+    t0 = time.monotonic()
+    with h.connect(timeout=5) as s:
+        assert Reader(s).closed()
+    assert 0.8 < time.monotonic() - t0 < 4
+    # Idle after a response (keep-alive) too.
+    with h.connect(timeout=5) as s:
+        rd = Reader(s)
+        s.sendall(req("/ok"))
+        assert rd.response()[0] == 200
+        t0 = time.monotonic()
+        assert rd.closed()
+        assert 0.8 < time.monotonic() - t0 < 4
+
+
+def test_slow_request_closed_after_timeout(start):
+    h = start("--timeout-ms", 1000)
+    with h.connect(timeout=5) as s:
+        s.sendall(b"GET /ok HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 4:
+            try:
+                s.sendall(b"X: y\r\n")  # always busy, never complete
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.1)
+        assert closed or Reader(s).closed()
+        assert time.monotonic() - t0 < 4
+
+
+def test_client_not_reading_big_does_not_block_others(start):
+    h = start("--timeout-ms", 3000)
+    time.sleep(0.2)
+    rss0 = h.rss_kib()
+    stalled = h.connect(rcvbuf=65536)
+    stalled.sendall(req("/big") * 100)  # 200 MiB asked, never read
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    for _ in range(20):
+        status, _, body = h.get("/ok")
+        assert (status, body) == (200, b"ok\n")
+    assert time.monotonic() - t0 < 5
+    # Only about max_output plus one response is ever waiting.
+    assert h.rss_kib() - rss0 < 48 * 1024
+    assert h.get("/conns")[2] == b"2\n"
+    # The stalled client is closed by the timeout; the others carry on.
+    assert wait_for(lambda: h.get("/conns")[2] == b"1\n", timeout=8)
+    stalled.close()
+
+
+def test_sigterm_with_busy_connections_exits_clean(start):
+    h = start()
+    idle = h.connect()
+    partial = h.connect()
+    partial.sendall(b"GET /ok HTTP/1.1\r\nHost:")
+    stalled = h.connect(rcvbuf=65536)
+    stalled.sendall(req("/big") * 10)
+    with h.connect() as s:
+        s.sendall(req("/ok"))
+        assert Reader(s).response()[0] == 200
+    assert wait_for(lambda: h.get("/conns")[2] == b"4\n")
+    err = h.stop()
+    assert "msg=harness_stopped conns=0" in err
+    for s in (idle, partial):
+        assert Reader(s).closed()
+    stalled.close()
+    idle.close()
+    partial.close()
+
+
+def test_listen_failure_logged_with_address(start, tmp_path):
+    h = start()
+    p = subprocess.run([HARNESS, "--port", str(h.port)],
+                       capture_output=True, timeout=10)
+    err = p.stderr.decode()
+    assert p.returncode == 1, err
+    assert f"msg=admin_listen_failed address=127.0.0.1:{h.port}" in err
+    assert "Sanitizer" not in err
+    p = subprocess.run([HARNESS, "--host", "localhost"],
+                       capture_output=True, timeout=10)
+    assert p.returncode == 1
+    assert "not a numeric IP address" in p.stderr.decode()
