@@ -12,6 +12,7 @@
 #include "px_buf.h"
 #include "px_config.h"
 #include "px_log.h"
+#include "px_metrics.h"
 #include "px_server.h"
 
 static void print_version(void) {
@@ -51,6 +52,7 @@ int main(int argc, char **argv) {
     break;
   }
   px_log_set_level(cfg.log_level);
+  px_log_set_format(cfg.log_format);
   signal(SIGPIPE, SIG_IGN);
   if (uv_loop_init(&loop) != 0)
     return 1;
@@ -59,14 +61,21 @@ int main(int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT); /* drained (or stopped): close what is left
                                     * and let callbacks finish; a late signal no
                                     * longer interrupts that */
-  signal(SIGTERM, SIG_IGN);
-  signal(SIGINT, SIG_IGN);
+  sigset_t late;
+  sigemptyset(&late);
+  sigaddset(&late, SIGTERM);
+  sigaddset(&late, SIGINT);
+  sigprocmask(SIG_BLOCK, &late, NULL); /* closing libuv's handlers resets
+                                          them to the default (exit) */
+  if (rc == 0)
+    px_server_stop(&srv);
   uv_walk(&loop, close_walk, NULL);
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
     ;
   if (uv_loop_close(&loop) != 0)
     px_warn("exit", "%s", "reason=\"handles left open\"");
   px_chunk_pool_drain();
+  px_metrics_free(&srv);
   if (rc == 0)
     px_info("exit", "sessions_total=%llu",
             (unsigned long long)srv.stats.sessions_total);

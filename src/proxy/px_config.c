@@ -134,6 +134,19 @@ static int parse_ADDR(px_config *c, px_addr *field, const char *v) {
   return px_addr_parse(v, field);
 }
 
+static int parse_log_format(const char *v, px_log_format *out) {
+  if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0) {
+    *out = v[0] == 'j' ? PX_LOG_JSON : PX_LOG_TEXT;
+    return 0;
+  }
+  return -1;
+}
+
+static int parse_ADMIN(px_config *c, const char *v) {
+  c->admin_on = strcmp(v, "off") != 0;
+  return c->admin_on ? px_addr_parse(v, &c->admin) : 0;
+}
+
 static int parse_ADDRS(px_config *c, const char *v) {
   c->n_upstreams = 0;
   return each_item(v, add_upstream, c);
@@ -163,7 +176,9 @@ static int parse_ATTEMPTS(px_config *c, const char *v) {
 #define PARSE_PATH(c, field, v) parse_PATH(c, (c)->field, sizeof(c)->field, v)
 #define PARSE_ADDR(c, field, v) parse_ADDR(c, &(c)->field, v)
 #define PARSE_ADDRS(c, field, v) parse_ADDRS(c, v)
+#define PARSE_ADMIN(c, field, v) parse_ADMIN(c, v)
 #define PARSE_LOG_LEVEL(c, field, v) px_log_level_parse(v, &(c)->field)
+#define PARSE_LOG_FORMAT(c, field, v) parse_log_format(v, &(c)->field)
 #define PARSE_DURATION(c, field, v) parse_DURATION(&(c)->field, v)
 #define PARSE_SIZE(c, field, v) px_parse_size(v, &(c)->field)
 #define PARSE_PREFIX(c, field, v) parse_PREFIX(c, v)

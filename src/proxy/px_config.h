@@ -25,12 +25,15 @@ typedef struct px_config {
   px_addr upstream[PX_MAX_UPSTREAMS];
   unsigned n_upstreams;
   px_log_level log_level;
+  px_log_format log_format;
   uint32_t drain_timeout_ms;
   uint32_t handshake_timeout_ms;
   uint32_t retry_finish_timeout_ms;
   uint64_t cache_per_connection;
   uint64_t cache_total;
   char config_path[1024];
+  bool admin_on;
+  px_addr admin;
 
   /* the retry policy: header prefix and rules, first match wins */
   retry_policy retry;
@@ -48,10 +51,14 @@ typedef struct px_config {
 #define PX_OPTIONS(X)                                                          \
   X(config_path, "config", "REBOUND_CONFIG", NULL, PATH, "",                   \
     "YAML config file (flags and env override it)")                            \
+  X(admin, "admin", "REBOUND_ADMIN", "admin", ADMIN, "127.0.0.1:9900",         \
+    "HOST:PORT of the admin HTTP endpoint, or off")                            \
   X(listen, "listen", "REBOUND_LISTEN", "listen", ADDR, "127.0.0.1:5673",      \
     "HOST:PORT to accept AMQP clients on ([::1]:5673 for IPv6)")               \
   X(upstream, "upstream", "REBOUND_UPSTREAM", "upstreams", ADDRS,              \
     "127.0.0.1:5672", "RabbitMQ HOST:PORT[,HOST:PORT...], tried in order")     \
+  X(log_format, "log-format", "REBOUND_LOG_FORMAT", "log_format", LOG_FORMAT,  \
+    "text", "text (logfmt) or json")                                           \
   X(log_level, "log-level", "REBOUND_LOG_LEVEL", "log_level", LOG_LEVEL,       \
     "info", "debug, info, warn or error")                                      \
   X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT",                \

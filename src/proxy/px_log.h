@@ -15,6 +15,13 @@ typedef enum px_log_level {
   PX_LOG_ERROR,
 } px_log_level;
 
+typedef enum px_log_format {
+  PX_LOG_TEXT, /* logfmt: ts=... level=... msg=... key=value ... */
+  PX_LOG_JSON, /* one JSON object per line, the same keys */
+} px_log_format;
+
+void px_log_set_format(px_log_format format);
+
 /* Set the lowest level written (default PX_LOG_INFO). */
 void px_log_set_level(px_log_level level);
 

@@ -15,7 +15,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "px_metrics.h"
 #include "px_session_int.h"
+#include "retry_policy.h"
 
 typedef struct px_retry_op {
   uint64_t seq; /* publish sequence on rebound's channel */
@@ -27,6 +29,8 @@ typedef struct px_retry_op {
   bool returned;
   bool dead_letter;
   char target[RETRY_NAME_MAX + 1];
+  char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
+  char tier[16];                  /* "1s", for metrics */
 } px_retry_op;
 
 static uint64_t now_us(void) {
@@ -223,6 +227,9 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->returned = false;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   memcpy(op->target, plan->target, plan->target_len + 1);
+  snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
+  if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
+    op->tier[0] = '\0';
   return 0;
 }
 
@@ -252,12 +259,16 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
   retry_decide(d->rule, q, strlen(q), count_header(s, d), &plan);
   if (plan.action == RETRY_PASS) {
     s->srv->stats.retry_passthrough++;
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
+                   NULL);
     px_debug("retry_pass", "id=%llu queue=\"%s\" reason=\"%s\"",
              (unsigned long long)s->id, q, retry_pass_reason_str(plan.reason));
     return false;
   }
   if (in_list(s->broken, s->nbroken, plan.target)) {
     s->srv->stats.retry_passthrough++;
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
+                   "tier or dead-letter queue refused", NULL);
     return false;
   }
   if (push_op(s, c, d, &plan, is_reject) != 0)
@@ -298,8 +309,14 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     any = any || t->dl[i].state == PX_DL_CACHED;
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
-    if (any)
+    if (any) {
       s->srv->stats.retry_passthrough++;
+      px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
+                     s->own_state != PX_OWN_READY
+                         ? "rebound's channel not ready"
+                         : "channel not open or untracked",
+                     NULL);
+    }
     px__track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
@@ -349,10 +366,14 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   }
   if (ok) {
     emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
-    if (op->dead_letter)
+    if (op->dead_letter) {
       st->dead_lettered++;
-    else
+      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, "max-attempts");
+    } else {
       st->retries_published++;
+      px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
+    }
+    px_metrics_observe_retry(s->srv, us);
     st->retry_latency_us_sum += us;
     st->retry_latency_count++;
     if (us > st->retry_latency_us_max)
@@ -366,6 +387,7 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
     emit_settle(s, c, op->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
                 op->tag, true);
     st->retry_fallbacks++;
+    px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
     px_warn("retry_fallback",
             "id=%llu peer=%s channel=%u delivery_tag=%llu target=\"%s\" "
             "reason=\"%s\" action=\"requeued by the broker\"",

@@ -4,7 +4,10 @@
 
 #include "px_buf.h"
 #include "px_log.h"
+#include "px_metrics.h"
 #include "px_session.h"
+
+#define PX_PROBE_INTERVAL_MS 2000
 
 static void on_connection(uv_stream_t *listener, int status) {
   px_server *srv = listener->data;
@@ -18,8 +21,10 @@ static void on_connection(uv_stream_t *listener, int status) {
 }
 
 static void stop_loop_if_done(px_server *srv) {
-  if (srv->draining && !srv->sessions)
+  if (srv->draining && !srv->sessions) {
+    px_server_stop(srv);
     uv_stop(srv->loop);
+  }
 }
 
 void px_server_session_gone(px_server *srv, struct px_session *s) {
@@ -36,7 +41,116 @@ static void on_drain_timeout(uv_timer_t *t) {
           (unsigned)srv->cfg->drain_timeout_ms);
   while (srv->sessions)
     px_session_close(srv->sessions, "drain timeout");
+  px_server_stop(srv);
   uv_stop(srv->loop);
+}
+
+/* ---- readiness: is an upstream reachable? ------------------------------- */
+
+static void probe_next(px_server *srv);
+
+static void on_probe_closed(uv_handle_t *h) {
+  px_server *srv = h->data;
+  srv->probe_busy = false;
+}
+
+static void on_probe_connect(uv_connect_t *req, int status) {
+  px_server *srv = req->data;
+  char addr[300];
+  px_addr_format(&srv->cfg->upstream[srv->probe_idx], addr, sizeof addr);
+  if (status == 0) {
+    srv->upstream_ok = true;
+    srv->upstream_err[0] = '\0';
+  } else if (srv->probe_idx + 1 >= srv->cfg->n_upstreams) {
+    if (srv->upstream_ok)
+      px_warn("upstream_unreachable", "probe=%s error=\"%s\"", addr,
+              uv_strerror(status));
+    srv->upstream_ok = false;
+    snprintf(srv->upstream_err, sizeof srv->upstream_err,
+             "no upstream reachable (last: %s: %s)", addr, uv_strerror(status));
+  }
+  bool again = status != 0 && srv->probe_idx + 1 < srv->cfg->n_upstreams;
+  uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
+  if (again) {
+    srv->probe_idx++;
+    /* the next address once this handle is closed: next timer tick */
+  } else {
+    srv->probe_idx = 0;
+  }
+}
+
+/* Try the upstreams in order with a plain TCP connect (numeric addresses;
+ * a name counts as reachable when sessions reach it). */
+static void probe_next(px_server *srv) {
+  struct sockaddr_storage ss;
+  const px_addr *a = &srv->cfg->upstream[srv->probe_idx];
+  if (srv->probe_busy || srv->draining)
+    return;
+  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
+    srv->probe_idx = 0;
+    return;
+  }
+  if (uv_tcp_init(srv->loop, &srv->probe_tcp) != 0)
+    return;
+  srv->probe_tcp.data = srv;
+  srv->probe_req.data = srv;
+  srv->probe_busy = true;
+  if (uv_tcp_connect(&srv->probe_req, &srv->probe_tcp, (struct sockaddr *)&ss,
+                     on_probe_connect) != 0)
+    uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
+}
+
+static void on_probe_timer(uv_timer_t *t) {
+  probe_next(t->data);
+}
+
+/* ---- admin endpoint ------------------------------------------------------ */
+
+static void route(void *ctx, const char *method, const char *path,
+                  px_admin_response *r) {
+  px_server *srv = ctx;
+  bool known = strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
+               strcmp(path, "/metrics") == 0 || strcmp(path, "/v1/status") == 0;
+  if (!known) {
+    r->status = 404;
+    px_admin_printf(r,
+                    "not found: try /healthz, /readyz, /metrics, /v1/status\n");
+    return;
+  }
+  if (strcmp(method, "GET") != 0) {
+    r->status = 405;
+    px_admin_header(r, "Allow", "GET, HEAD");
+    px_admin_printf(r, "method not allowed\n");
+    return;
+  }
+  if (strcmp(path, "/healthz") == 0) {
+    px_admin_printf(r, "ok\n");
+  } else if (strcmp(path, "/readyz") == 0) {
+    if (srv->draining) {
+      r->status = 503;
+      px_admin_printf(r, "not ready: draining (shutting down)\n");
+    } else if (!srv->upstream_ok) {
+      r->status = 503;
+      px_admin_printf(r, "not ready: %s\n",
+                      srv->upstream_err[0] ? srv->upstream_err
+                                           : "upstream not checked yet");
+    } else {
+      px_admin_printf(r, "ready\n");
+    }
+  } else if (strcmp(path, "/v1/status") == 0) {
+    px_status_render(srv, r);
+  } else {
+    px_metrics_render(srv, r);
+  }
+}
+
+void px_server_stop(px_server *srv) {
+  uv_timer_stop(&srv->probe_timer);
+  if (srv->admin_on) {
+    srv->admin_on = false;
+    px_admin_stop(&srv->admin, NULL, NULL);
+  }
 }
 
 static void on_signal(uv_signal_t *sig, int signum) {
@@ -102,5 +216,14 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->sigterm.data = srv->sigint.data = srv;
   uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
+  srv->started_ms = uv_now(loop);
+  uv_timer_init(loop, &srv->probe_timer);
+  srv->probe_timer.data = srv;
+  uv_timer_start(&srv->probe_timer, on_probe_timer, 0, PX_PROBE_INTERVAL_MS);
+  if (cfg->admin_on) {
+    /* an admin endpoint that cannot bind is logged; the proxy still runs */
+    srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,
+                                   cfg->admin.port, route, srv) == 0;
+  }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "px_admin.h"
 #include "px_config.h"
 
 struct px_session;
@@ -33,7 +34,28 @@ typedef struct px_stats {
   uint64_t retry_passthrough; /* requeues forwarded by policy */
   uint64_t topology_errors;   /* declares the broker refused */
   uint64_t retry_latency_us_sum, retry_latency_count, retry_latency_us_max;
+  uint64_t frames_c2u, frames_u2c; /* frames read from clients / broker */
+  uint64_t bytes_c2u, bytes_u2c;
 } px_stats;
+
+#define PX_RETRY_BUCKETS 13
+
+typedef struct px_counter {
+  int id;
+  char v1[256];
+  char v2[64];
+  uint64_t n;
+} px_counter;
+
+/* Labelled counters and the retry histogram (px_metrics.c). */
+typedef struct px_metrics_store {
+  px_counter *counters;
+  uint32_t n, cap;
+  char (*queues)[256]; /* distinct queue label values seen */
+  uint32_t nqueues;
+  uint64_t retry_buckets[PX_RETRY_BUCKETS];
+  uint64_t retry_sum_us, retry_count;
+} px_metrics_store;
 
 typedef struct px_server {
   uv_loop_t *loop;
@@ -45,11 +67,26 @@ typedef struct px_server {
   uint64_t next_id;
   bool draining;
   px_stats stats;
+  px_metrics_store metrics;
+  uint64_t started_ms;
+  /* admin endpoint (px_admin.h) and the upstream probe behind /readyz */
+  px_admin admin;
+  bool admin_on;
+  uv_timer_t probe_timer;
+  uv_tcp_t probe_tcp;
+  uv_connect_t probe_req;
+  unsigned probe_idx;
+  bool probe_busy;
+  bool upstream_ok;       /* the last probe (or session) reached one */
+  char upstream_err[384]; /* why not, for /readyz */
 } px_server;
 
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a
  * negative libuv error (logged). `cfg` must outlive the server. */
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg);
+
+/* Stop the admin endpoint and the upstream probe (at shutdown). */
+void px_server_stop(px_server *srv);
 
 /* Called by a session when it has fully closed and is about to be freed. */
 void px_server_session_gone(px_server *srv, struct px_session *s);

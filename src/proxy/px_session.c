@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_metrics.h"
 #include "px_session_int.h"
 
 #define PX_HIGH_WATER (512 * 1024)
@@ -111,6 +112,7 @@ void px_session_close(px_session *s, const char *reason) {
           (unsigned long long)s->client.bytes_in,
           (unsigned long long)s->client.bytes_out,
           px_log_quote(why, sizeof why, s->close_reason, SIZE_MAX));
+  px_metrics_inc(s->srv, PX_M_CLOSES, s->close_reason, NULL);
   px__set_state(s, PX_S_CLOSED);
   uv_timer_stop(&s->timer);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
@@ -496,6 +498,7 @@ static void process_input(px_session *s, px_side *from) {
   if (from == &s->client && s->state == PX_S_CONNECTING &&
       check_client_header(s, c) <= 0)
     return;
+  uint64_t frames = 0;
   s->run.to = to;
   s->run.chunk = c;
   s->run.start = s->run.end = c->off;
@@ -517,6 +520,7 @@ static void process_input(px_session *s, px_side *from) {
     }
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
+    frames++;
     int act = from == &s->upstream ? px__upstream_frame(s, &f, raw)
               : s->conn_held       ? PX_DROP /* after its connection.close */
                                    : px__client_frame(s, &f, raw, &hold);
@@ -542,6 +546,8 @@ static void process_input(px_session *s, px_side *from) {
   }
   run_flush(s);
   s->run.to = NULL;
+  *(from == &s->client ? &s->srv->stats.frames_c2u
+                       : &s->srv->stats.frames_u2c) += frames;
   if (s->state == PX_S_CLOSED)
     return;
   side_flush(to);
@@ -641,6 +647,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   side->in->len += (uint32_t)nread;
   side->bytes_in += (uint64_t)nread;
+  if (side == &s->client)
+    s->srv->stats.bytes_c2u += (uint64_t)nread;
+  else
+    s->srv->stats.bytes_u2c += (uint64_t)nread;
   process_input(s, side);
   if (s->state != PX_S_CLOSED)
     settle_chunk(side);
@@ -667,6 +677,7 @@ static void note_upstream_error(px_session *s, const char *err) {
   snprintf(s->upstream_errors + n, sizeof s->upstream_errors - n, "%s%s: %s",
            n ? "; " : "", addr, err);
   s->srv->stats.upstream_connect_failures++;
+  px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, addr, NULL);
 }
 
 static void on_connect(uv_connect_t *req, int status) {
@@ -681,6 +692,7 @@ static void on_connect(uv_connect_t *req, int status) {
     return;
   }
   s->upstream.connected = true;
+  s->srv->upstream_ok = true;
   uv_tcp_nodelay(&s->upstream.tcp, 1);
   if (s->state != PX_S_CONNECTING)
     return; /* already closing (a bad protocol header) */

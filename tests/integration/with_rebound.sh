@@ -15,7 +15,7 @@ hostport=${REBOUND_TEST_BROKER#amqp://*@}
 hostport=${hostport%/}
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log=$(mktemp)
-${REBOUND_WRAPPER:-} "$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug \
+${REBOUND_WRAPPER:-} "$bin" --listen "127.0.0.1:$port" --upstream "$hostport" --log-level debug --admin off \
   ${REBOUND_ARGS:-} 2>"$log" &
 pid=$!
 cleanup() { kill -KILL "$pid" 2>/dev/null || true; rm -f "$log"; }

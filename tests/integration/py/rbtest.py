@@ -223,7 +223,9 @@ class Rebound:
             self.port = free_port(listen_host)
             self.log_path = os.path.join(log_dir, "%s-%d.log" % (name, self.port))
             self._logf = open(self.log_path, "wb")
-            cmd = [BIN, "--listen", self.addr,
+            # no admin endpoint unless a test asks for one (--admin later
+            # in args wins): parallel instances would share its port
+            cmd = [BIN, "--listen", self.addr, "--admin", "off",
                    "--upstream", upstream, "--log-level", "debug", *self.args]
             self.cmd = cmd
             penv = dict(os.environ)

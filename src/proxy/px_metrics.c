@@ -1,0 +1,343 @@
+#include "px_metrics.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "px_admin.h"
+#include "px_server.h"
+#include "px_session.h"
+#include "retry_policy.h"
+
+/* X(px_stats field, name, type, help) */
+#define PX_SCALARS(X)                                                          \
+  X(sessions_current, "rebound_client_connections", "gauge",                   \
+    "Client connections open")                                                 \
+  X(sessions_total, "rebound_client_connections_total", "counter",             \
+    "Client connections accepted")                                             \
+  X(frames_c2u, "rebound_frames_from_clients_total", "counter",                \
+    "AMQP frames read from clients")                                           \
+  X(frames_u2c, "rebound_frames_from_upstream_total", "counter",               \
+    "AMQP frames read from the broker")                                        \
+  X(bytes_c2u, "rebound_bytes_from_clients_total", "counter",                  \
+    "Bytes read from clients")                                                 \
+  X(bytes_u2c, "rebound_bytes_from_upstream_total", "counter",                 \
+    "Bytes read from the broker")                                              \
+  X(protocol_errors, "rebound_protocol_errors_total", "counter",               \
+    "Connections closed over a protocol error")                                \
+  X(channel_remaps, "rebound_channel_remaps_total", "counter",                 \
+    "Client channels carried on another upstream number")                      \
+  X(own_channel_yields, "rebound_own_channel_yields_total", "counter",         \
+    "Times rebound gave its channel number to a client")                       \
+  X(own_channel_errors, "rebound_own_channel_errors_total", "counter",         \
+    "Times the broker closed rebound's channel")                               \
+  X(cache_bytes, "rebound_cache_bytes", "gauge",                               \
+    "Bytes of deliveries kept for retry")                                      \
+  X(cache_entries, "rebound_cache_entries", "gauge",                           \
+    "Deliveries kept for retry")                                               \
+  X(uncached_deliveries, "rebound_uncached_deliveries_total", "counter",       \
+    "Deliveries of intercepted queues not kept (cache bound)")                 \
+  X(topology_errors, "rebound_topology_errors_total", "counter",               \
+    "Tier or dead-letter declares the broker refused")
+
+/* Upper bounds of the retry latency buckets, microseconds. */
+static const uint64_t bucket_us[PX_RETRY_BUCKETS] = {
+    100,   250,   500,    1000,   2500,    5000,   10000,
+    25000, 50000, 100000, 250000, 1000000, 5000000};
+
+static const struct {
+  const char *name, *help, *l1, *l2;
+  int queue_label;
+} families[] = {
+#define PX__FAMILY(id, name, help, l1, l2, q) {name, help, l1, l2, q},
+    PX_LABELLED(PX__FAMILY)
+#undef PX__FAMILY
+};
+
+/* A queue name as a label value: itself for the first
+ * PX_METRICS_MAX_QUEUES distinct ones, "other" after. */
+static const char *queue_label(px_metrics_store *m, const char *q) {
+  for (uint32_t i = 0; i < m->nqueues; i++)
+    if (strcmp(m->queues[i], q) == 0)
+      return m->queues[i];
+  if (m->nqueues == PX_METRICS_MAX_QUEUES)
+    return "other";
+  if (m->nqueues % 16 == 0) {
+    char(*qs)[256] = realloc(m->queues, (m->nqueues + 16) * sizeof *qs);
+    if (!qs)
+      return "other";
+    m->queues = qs;
+  }
+  snprintf(m->queues[m->nqueues], sizeof m->queues[0], "%s", q);
+  return m->queues[m->nqueues++];
+}
+
+void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
+  px_metrics_store *m = &srv->metrics;
+  if (families[id].queue_label)
+    v1 = queue_label(m, v1);
+  if (!families[id].l2)
+    v2 = "";
+  for (uint32_t i = 0; i < m->n; i++) {
+    px_counter *c = &m->counters[i];
+    if (c->id == id && strcmp(c->v1, v1) == 0 && strcmp(c->v2, v2) == 0) {
+      c->n++;
+      return;
+    }
+  }
+  if (m->n == m->cap) {
+    uint32_t cap = m->cap ? m->cap * 2 : 32;
+    px_counter *cs = realloc(m->counters, cap * sizeof *cs);
+    if (!cs)
+      return;
+    m->counters = cs;
+    m->cap = cap;
+  }
+  px_counter *c = &m->counters[m->n++];
+  c->id = id;
+  snprintf(c->v1, sizeof c->v1, "%s", v1);
+  snprintf(c->v2, sizeof c->v2, "%s", v2);
+  c->n = 1;
+}
+
+void px_metrics_observe_retry(px_server *srv, uint64_t us) {
+  px_metrics_store *m = &srv->metrics;
+  for (int i = 0; i < PX_RETRY_BUCKETS; i++)
+    if (us <= bucket_us[i])
+      m->retry_buckets[i]++;
+  m->retry_sum_us += us;
+  m->retry_count++;
+}
+
+void px_metrics_free(px_server *srv) {
+  free(srv->metrics.counters);
+  free(srv->metrics.queues);
+  memset(&srv->metrics, 0, sizeof srv->metrics);
+}
+
+/* A label value in the exposition format: backslash, quote, newline
+ * escaped. */
+static void put_label(px_admin_response *r, const char *name, const char *v) {
+  px_admin_printf(r, "%s=\"", name);
+  for (const char *p = v; *p; p++) {
+    if (*p == '\\' || *p == '"')
+      px_admin_printf(r, "\\%c", *p);
+    else if (*p == '\n')
+      px_admin_append(r, "\\n", 2);
+    else
+      px_admin_append(r, p, 1);
+  }
+  px_admin_append(r, "\"", 1);
+}
+
+static void head(px_admin_response *r, const char *name, const char *type,
+                 const char *help) {
+  px_admin_printf(r, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_labelled(px_server *srv, px_admin_response *r) {
+  px_metrics_store *m = &srv->metrics;
+  for (int id = 0; id < PX_M_COUNT; id++) {
+    head(r, families[id].name, "counter", families[id].help);
+    for (uint32_t i = 0; i < m->n; i++) {
+      px_counter *c = &m->counters[i];
+      if (c->id != id)
+        continue;
+      px_admin_printf(r, "%s{", families[id].name);
+      put_label(r, families[id].l1, c->v1);
+      if (families[id].l2) {
+        px_admin_append(r, ",", 1);
+        put_label(r, families[id].l2, c->v2);
+      }
+      px_admin_printf(r, "} %llu\n", (unsigned long long)c->n);
+    }
+  }
+}
+
+static void render_histogram(px_server *srv, px_admin_response *r) {
+  px_metrics_store *m = &srv->metrics;
+  const char *name = "rebound_retry_latency_seconds";
+  head(r, name, "histogram",
+       "From a client's nack to rebound's ack of the original (copy "
+       "published and confirmed)");
+  for (int i = 0; i < PX_RETRY_BUCKETS; i++)
+    px_admin_printf(r, "%s_bucket{le=\"%g\"} %llu\n", name,
+                    (double)bucket_us[i] / 1e6,
+                    (unsigned long long)m->retry_buckets[i]);
+  px_admin_printf(r, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                  (unsigned long long)m->retry_count);
+  px_admin_printf(r, "%s_sum %.6f\n%s_count %llu\n", name,
+                  (double)m->retry_sum_us / 1e6, name,
+                  (unsigned long long)m->retry_count);
+}
+
+static long rss_bytes(void) {
+  long pages = 0, rss = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+      rss = 0;
+    fclose(f);
+  }
+  return rss * sysconf(_SC_PAGESIZE);
+}
+
+static long open_fds(void) {
+  long n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return -1;
+  for (struct dirent *e; (e = readdir(d));)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1; /* the directory's own fd */
+}
+
+static void gauge(px_admin_response *r, const char *name, const char *help,
+                  double v) {
+  head(r, name, "gauge", help);
+  px_admin_printf(r, "%s %.17g\n", name, v);
+}
+
+void px_metrics_render(px_server *srv, px_admin_response *r) {
+  const px_stats *st = &srv->stats;
+  unsigned upstream = 0, pending = 0;
+  for (px_session *s = srv->sessions; s; s = s->next) {
+    upstream += s->upstream.connected;
+    pending += s->nops;
+  }
+  r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+#define PX__SCALAR(field, name, type, help)                                    \
+  head(r, name, type, help);                                                   \
+  px_admin_printf(r, "%s %llu\n", name, (unsigned long long)st->field);
+  PX_SCALARS(PX__SCALAR)
+#undef PX__SCALAR
+  gauge(r, "rebound_upstream_connections", "Upstream connections open",
+        upstream);
+  gauge(r, "rebound_retries_pending",
+        "Copies published and awaiting the broker's confirm", pending);
+  render_labelled(srv, r);
+  render_histogram(srv, r);
+  gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",
+        srv->upstream_ok && !srv->draining);
+  gauge(r, "rebound_process_resident_memory_bytes", "Resident memory",
+        (double)rss_bytes());
+  gauge(r, "rebound_process_open_fds", "Open file descriptors",
+        (double)open_fds());
+  gauge(r, "rebound_uptime_seconds", "Seconds since start",
+        (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
+  head(r, "rebound_admin_requests_total", "counter",
+       "Requests to the admin endpoint");
+  px_admin_printf(r, "rebound_admin_requests_total %llu\n",
+                  (unsigned long long)srv->admin.stats.requests);
+}
+
+/* ---- /v1/status ------------------------------------------------------------
+ */
+
+static void json_string(px_admin_response *r, const char *s) {
+  px_admin_append(r, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      px_admin_printf(r, "\\%c", *p);
+    else if (*p < 0x20)
+      px_admin_printf(r, "\\u%04x", *p);
+    else
+      px_admin_append(r, p, 1);
+  }
+  px_admin_append(r, "\"", 1);
+}
+
+static void json_addr(px_admin_response *r, const px_addr *a) {
+  char buf[300];
+  json_string(r, px_addr_format(a, buf, sizeof buf));
+}
+
+static void status_config(px_server *srv, px_admin_response *r) {
+  const px_config *c = srv->cfg;
+  char d[16];
+  px_admin_printf(r, "\"config\":{\"listen\":");
+  json_addr(r, &c->listen);
+  px_admin_printf(r, ",\"upstreams\":[");
+  for (unsigned i = 0; i < c->n_upstreams; i++) {
+    if (i)
+      px_admin_append(r, ",", 1);
+    json_addr(r, &c->upstream[i]);
+  }
+  px_admin_printf(r, "],\"admin\":");
+  if (c->admin_on)
+    json_addr(r, &c->admin);
+  else
+    json_string(r, "off");
+  px_admin_printf(r,
+                  ",\"drain_timeout_ms\":%u,\"handshake_timeout_ms\":%u,"
+                  "\"cache_per_connection\":%llu,\"cache_total\":%llu,"
+                  "\"retry\":{\"header_prefix\":",
+                  (unsigned)c->drain_timeout_ms,
+                  (unsigned)c->handshake_timeout_ms,
+                  (unsigned long long)c->cache_per_connection,
+                  (unsigned long long)c->cache_total);
+  json_string(r, c->retry.header_prefix);
+  px_admin_printf(r, ",\"policies\":[");
+  for (unsigned i = 0; i < c->retry.nrules; i++) {
+    const retry_rule *rule = &c->retry.rules[i];
+    px_admin_printf(r, "%s{\"queues\":[", i ? "," : "");
+    for (unsigned g = 0; g < rule->nglobs; g++) {
+      if (g)
+        px_admin_append(r, ",", 1);
+      json_string(r, rule->globs[g]);
+    }
+    px_admin_printf(r, "],\"tiers\":[");
+    for (unsigned t = 0; t < rule->ntiers; t++) {
+      if (retry_delay_format(rule->tiers_ms[t], d, sizeof d) < 0)
+        snprintf(d, sizeof d, "%ums", (unsigned)rule->tiers_ms[t]);
+      px_admin_printf(r, "%s", t ? "," : "");
+      json_string(r, d);
+    }
+    px_admin_printf(r, "],\"max_attempts\":%u,\"dead_letter\":",
+                    (unsigned)rule->max_attempts);
+    json_string(r, rule->dead_letter);
+    px_admin_append(r, "}", 1);
+  }
+  px_admin_printf(r, "]}}");
+}
+
+void px_status_render(px_server *srv, px_admin_response *r) {
+  uint64_t now = uv_now(srv->loop);
+  unsigned pending = 0;
+  r->content_type = "application/json";
+  px_admin_printf(r,
+                  "{\"version\":\"%s\",\"uptime_seconds\":%.3f,"
+                  "\"ready\":%s,\"draining\":%s,\"listeners\":[",
+                  REBOUND_VERSION, (double)(now - srv->started_ms) / 1000.0,
+                  srv->upstream_ok && !srv->draining ? "true" : "false",
+                  srv->draining ? "true" : "false");
+  json_addr(r, &srv->cfg->listen);
+  px_admin_printf(r, "],\"sessions\":[");
+  for (px_session *s = srv->sessions; s; s = s->next) {
+    pending += s->nops;
+    px_admin_printf(r,
+                    "%s{\"id\":%llu,\"peer\":", s == srv->sessions ? "" : ",",
+                    (unsigned long long)s->id);
+    json_string(r, s->peer);
+    px_admin_printf(r, ",\"user\":");
+    json_string(r, s->user);
+    px_admin_printf(r, ",\"vhost\":");
+    json_string(r, s->vhost);
+    px_admin_printf(r,
+                    ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
+                    "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
+                    "\"retries_pending\":%u,\"cache_bytes\":%llu}",
+                    px_state_name(s->state), (unsigned)s->nchans,
+                    (unsigned long long)s->client.bytes_in,
+                    (unsigned long long)s->client.bytes_out,
+                    (double)(now - s->started_ms) / 1000.0, (unsigned)s->nops,
+                    (unsigned long long)s->cache_bytes);
+  }
+  px_admin_printf(r, "],\"retries_pending\":%u,\"cache_bytes\":%llu,", pending,
+                  (unsigned long long)srv->stats.cache_bytes);
+  status_config(srv, r);
+  px_admin_printf(r, "}\n");
+}
