@@ -33,30 +33,36 @@ static void close_walk(uv_handle_t *h, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  px_config cfg;
+  px_config *cfg = malloc(sizeof *cfg); /* freed by px_server_free */
   char err[512];
   uv_loop_t loop;
   px_server srv;
 
-  switch (px_config_load(&cfg, argc, argv, env_get, err, sizeof err)) {
+  if (!cfg)
+    return 1;
+  switch (px_config_load(cfg, argc, argv, env_get, err, sizeof err)) {
   case PX_CONFIG_HELP:
     px_config_usage(stdout);
+    free(cfg);
     return 0;
   case PX_CONFIG_VERSION:
     print_version();
+    free(cfg);
     return 0;
   case PX_CONFIG_ERROR:
     fprintf(stderr, "rebound: %s\n", err);
+    free(cfg);
     return 2;
   case PX_CONFIG_OK:
     break;
   }
-  px_log_set_level(cfg.log_level);
-  px_log_set_format(cfg.log_format);
+  px_log_set_level(cfg->log_level);
+  px_log_set_format(cfg->log_format);
   signal(SIGPIPE, SIG_IGN);
   if (uv_loop_init(&loop) != 0)
     return 1;
-  int rc = px_server_start(&srv, &loop, &cfg) == 0 ? 0 : 1;
+  int rc = px_server_start(&srv, &loop, cfg) == 0 ? 0 : 1;
+  px_server_enable_reload(&srv, argc, argv, env_get);
   if (rc == 0)
     uv_run(&loop, UV_RUN_DEFAULT); /* drained (or stopped): close what is left
                                     * and let callbacks finish; a late signal no
@@ -76,6 +82,7 @@ int main(int argc, char **argv) {
     px_warn("exit", "%s", "reason=\"handles left open\"");
   px_chunk_pool_drain();
   px_metrics_free(&srv);
+  px_server_free(&srv);
   if (rc == 0)
     px_info("exit", "sessions_total=%llu",
             (unsigned long long)srv.stats.sessions_total);

@@ -510,8 +510,8 @@ void px__retry_idle(px_session *s) {
  */
 
 static void log_open(px_session *s) {
-  char addr[300], user[160], vhost[160];
-  px_addr_format(&s->srv->cfg->upstream[s->upstream_idx], addr, sizeof addr);
+  char user[160], vhost[160];
+  const char *addr = s->upstream_addr;
   px_info("session_open",
           "id=%llu peer=%s user=%s vhost=%s upstream=%s channel_max=%u "
           "frame_max=%u heartbeat=%u",
@@ -602,7 +602,7 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   }
   switch (id) {
   case AMQP_BASIC_DELIVER:
-    px__track_deliver(c, f->payload);
+    px__track_deliver(s, c, f->payload);
     break;
   case AMQP_BASIC_GET_OK:
   case AMQP_BASIC_GET_EMPTY:

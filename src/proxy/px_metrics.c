@@ -17,6 +17,8 @@
     "Client connections open")                                                 \
   X(sessions_total, "rebound_client_connections_total", "counter",             \
     "Client connections accepted")                                             \
+  X(upstream_connections_total, "rebound_upstream_connections_total",          \
+    "counter", "Upstream connections established")                             \
   X(frames_c2u, "rebound_frames_from_clients_total", "counter",                \
     "AMQP frames read from clients")                                           \
   X(frames_u2c, "rebound_frames_from_upstream_total", "counter",               \

@@ -256,7 +256,11 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (d->state != PX_DL_CACHED)
     return false;
   const char *q = px_dl_queue(d);
-  retry_decide(d->rule, q, strlen(q), count_header(s, d), &plan);
+  const retry_rule *rule =
+      d->gen == s->srv->cfg_gen
+          ? d->rule
+          : retry_match(&s->srv->cfg->retry, q, strlen(q)); /* reloaded */
+  retry_decide(rule, q, strlen(q), count_header(s, d), &plan);
   if (plan.action == RETRY_PASS) {
     s->srv->stats.retry_passthrough++;
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),

@@ -1,5 +1,7 @@
 #include "px_server.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "px_buf.h"
@@ -153,6 +155,8 @@ void px_server_stop(px_server *srv) {
   }
 }
 
+static void on_listener_closed(uv_handle_t *h);
+
 static void on_signal(uv_signal_t *sig, int signum) {
   px_server *srv = sig->data;
   if (srv->draining) {
@@ -164,7 +168,8 @@ static void on_signal(uv_signal_t *sig, int signum) {
   px_info("shutdown", "signal=%d sessions=%llu drain_timeout_ms=%u", signum,
           (unsigned long long)srv->stats.sessions_current,
           (unsigned)srv->cfg->drain_timeout_ms);
-  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)srv->listener, on_listener_closed);
+  srv->listener = NULL;
   for (px_session *s = srv->sessions, *next; s; s = next) {
     next = s->next; /* draining may unlink s */
     px_session_drain(s);
@@ -174,8 +179,12 @@ static void on_signal(uv_signal_t *sig, int signum) {
   stop_loop_if_done(srv);
 }
 
-static int bind_listener(px_server *srv) {
-  const px_addr *a = &srv->cfg->listen;
+static void on_listener_closed(uv_handle_t *h) {
+  free(h);
+}
+
+/* A new listening socket on `a`, or NULL (logged). */
+static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a) {
   struct sockaddr_storage ss;
   char addr[300];
   int rc;
@@ -185,30 +194,113 @@ static int bind_listener(px_server *srv) {
       uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
     px_error("listen_failed", "address=%s error=\"not a numeric IP address\"",
              addr);
-    return UV_EINVAL;
+    return NULL;
   }
-  rc = uv_tcp_init(srv->loop, &srv->listener);
-  if (rc == 0) {
-    srv->listener.data = srv;
-    rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
+  uv_tcp_t *l = malloc(sizeof *l);
+  if (!l || (rc = uv_tcp_init(srv->loop, l)) != 0) {
+    px_error("listen_failed", "address=%s error=\"%s\"", addr,
+             l ? uv_strerror(rc) : "out of memory");
+    free(l);
+    return NULL;
   }
+  l->data = srv;
+  rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
   if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&srv->listener, 1024, on_connection);
+    rc = uv_listen((uv_stream_t *)l, 1024, on_connection);
   if (rc < 0) {
     px_error("listen_failed", "address=%s error=\"%s\"", addr, uv_strerror(rc));
-    return rc;
+    uv_close((uv_handle_t *)l, on_listener_closed);
+    return NULL;
   }
   px_info("listening", "address=%s", addr);
-  return 0;
+  return l;
+}
+
+static bool same_addr(const px_addr *a, const px_addr *b) {
+  return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+/* SIGHUP: read the config again. New policy for new decisions (copies in
+ * flight finish as they are), new listener and upstreams for new
+ * connections; an invalid config keeps the old one. */
+static void reload(px_server *srv) {
+  char err[512], q[600];
+  px_config *next = malloc(sizeof *next);
+  if (!next || srv->nretired == sizeof srv->retired / sizeof srv->retired[0]) {
+    px_error("config_reload_failed", "error=\"%s\"",
+             next ? "too many reloads; restart rebound" : "out of memory");
+    free(next);
+    return;
+  }
+  if (px_config_load(next, srv->argc, srv->argv, srv->env, err, sizeof err) !=
+      PX_CONFIG_OK) {
+    px_error("config_reload_failed", "error=%s kept=\"the running config\"",
+             px_log_quote(q, sizeof q, err, SIZE_MAX));
+    free(next);
+    return;
+  }
+  const px_config *old = srv->cfg;
+  if (!same_addr(&next->listen, &old->listen)) {
+    uv_tcp_t *l = bind_listener(srv, &next->listen);
+    if (l) {
+      uv_close((uv_handle_t *)srv->listener, on_listener_closed);
+      srv->listener = l;
+    } else {
+      next->listen = old->listen; /* still listening where it was */
+    }
+  }
+  if (next->admin_on != old->admin_on ||
+      (next->admin_on && !same_addr(&next->admin, &old->admin))) {
+    px_warn("config_reload", "%s",
+            "note=\"a new admin address takes a restart; the old one stays\"");
+    next->admin_on = old->admin_on;
+    next->admin = old->admin;
+  }
+  px_log_set_level(next->log_level);
+  px_log_set_format(next->log_format);
+  srv->retired[srv->nretired++] = (px_config *)old;
+  srv->cfg = next;
+  srv->cfg_gen++;
+  px_info("config_reloaded", "generation=%u policies=%u upstreams=%u",
+          (unsigned)srv->cfg_gen, (unsigned)next->retry.nrules,
+          (unsigned)next->n_upstreams);
+}
+
+static void on_sighup(uv_signal_t *sig, int signum) {
+  px_server *srv = sig->data;
+  (void)signum;
+  if (!srv->argv) {
+    px_warn("signal", "%s",
+            "signal=1 action=ignored reason=\"reload not enabled\"");
+    return;
+  }
+  if (!srv->draining)
+    reload(srv);
+}
+
+void px_server_enable_reload(px_server *srv, int argc, char **argv,
+                             const char *(*env)(const char *)) {
+  srv->argc = argc;
+  srv->argv = argv;
+  srv->env = env;
+}
+
+void px_server_free(px_server *srv) {
+  for (unsigned i = 0; i < srv->nretired; i++)
+    free(srv->retired[i]);
+  srv->nretired = 0;
+  if (srv->argv)
+    free((px_config *)srv->cfg);
+  srv->cfg = NULL;
 }
 
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->cfg = cfg;
-  int rc = bind_listener(srv);
-  if (rc < 0)
-    return rc;
+  srv->listener = bind_listener(srv, &cfg->listen);
+  if (!srv->listener)
+    return UV_EINVAL;
   uv_timer_init(loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
   uv_signal_init(loop, &srv->sigterm);
@@ -216,6 +308,9 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->sigterm.data = srv->sigint.data = srv;
   uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
+  uv_signal_init(loop, &srv->sighup);
+  srv->sighup.data = srv;
+  uv_signal_start(&srv->sighup, on_sighup, SIGHUP);
   srv->started_ms = uv_now(loop);
   uv_timer_init(loop, &srv->probe_timer);
   srv->probe_timer.data = srv;

@@ -21,6 +21,7 @@ typedef struct px_stats {
   uint64_t sessions_total;
   uint64_t sessions_current;
   uint64_t upstream_connect_failures;
+  uint64_t upstream_connections_total;
   uint64_t protocol_errors;
   uint64_t channel_remaps;
   uint64_t own_channel_yields;
@@ -60,8 +61,15 @@ typedef struct px_metrics_store {
 typedef struct px_server {
   uv_loop_t *loop;
   const px_config *cfg;
-  uv_tcp_t listener;
-  uv_signal_t sigterm, sigint;
+  uv_tcp_t *listener; /* heap: a reload may replace it */
+  uv_signal_t sigterm, sigint, sighup;
+  /* how the config was given, to read it again on SIGHUP */
+  int argc;
+  char **argv;
+  const char *(*env)(const char *);
+  px_config *retired[64]; /* configs before reloads: rules still in use */
+  unsigned nretired;
+  uint32_t cfg_gen; /* bumped by each reload */
   uv_timer_t drain_timer;
   struct px_session *sessions; /* doubly linked */
   uint64_t next_id;
@@ -84,6 +92,15 @@ typedef struct px_server {
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a
  * negative libuv error (logged). `cfg` must outlive the server. */
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg);
+
+/* Remember how the config was given (argv, env) so that SIGHUP can read it
+ * again; `cfg` passed to px_server_start must then be malloc'ed (the server
+ * frees it and every later one in px_server_free). */
+void px_server_enable_reload(px_server *srv, int argc, char **argv,
+                             const char *(*env)(const char *));
+
+/* Free the configs (current and retired). After the loop has ended. */
+void px_server_free(px_server *srv);
 
 /* Stop the admin endpoint and the upstream probe (at shutdown). */
 void px_server_stop(px_server *srv);

@@ -671,13 +671,11 @@ static void side_resume(px_side *side) {
 /* ---- upstream connection ---------------------------------------------- */
 
 static void note_upstream_error(px_session *s, const char *err) {
-  char addr[300];
   size_t n = strlen(s->upstream_errors);
-  px_addr_format(&s->srv->cfg->upstream[s->upstream_idx], addr, sizeof addr);
   snprintf(s->upstream_errors + n, sizeof s->upstream_errors - n, "%s%s: %s",
-           n ? "; " : "", addr, err);
+           n ? "; " : "", s->upstream_addr, err);
   s->srv->stats.upstream_connect_failures++;
-  px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, addr, NULL);
+  px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, s->upstream_addr, NULL);
 }
 
 static void on_connect(uv_connect_t *req, int status) {
@@ -693,6 +691,7 @@ static void on_connect(uv_connect_t *req, int status) {
   }
   s->upstream.connected = true;
   s->srv->upstream_ok = true;
+  s->srv->stats.upstream_connections_total++;
   uv_tcp_nodelay(&s->upstream.tcp, 1);
   if (s->state != PX_S_CONNECTING)
     return; /* already closing (a bad protocol header) */
@@ -759,6 +758,7 @@ static void upstream_try_next(px_session *s) {
     return;
   }
   const px_addr *a = &cfg->upstream[s->upstream_idx];
+  px_addr_format(a, s->upstream_addr, sizeof s->upstream_addr);
   if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) == 0 ||
       uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) == 0) {
     connect_to(s, (struct sockaddr *)&ss);

@@ -76,6 +76,7 @@ typedef struct px_session {
   char user[128];
   char vhost[128];
   char upstream_errors[384]; /* "addr: error; ..." of failed attempts */
+  char upstream_addr[300];   /* the one being tried / used */
   const char *close_reason;
 
   /* offered in connection.tune, negotiated in tune-ok */

@@ -66,7 +66,7 @@ void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
 void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m);
 void px__track_upstream_method(px_session *s, px_chan *c, const amqp_method *m);
 void px__track_content(px_session *s, px_chan *c, const amqp_frame *f);
-void px__track_deliver(px_chan *c, amqp_bytes payload);
+void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload);
 void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple);
 void px__track_clear(px_session *s, px_chan *c);
 void px__track_free(px_session *s, px_chan *c);

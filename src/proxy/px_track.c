@@ -117,9 +117,9 @@ void px__track_clear(px_session *s, px_chan *c) {
 
 /* Track a delivery; with a rule, also start keeping its content (`queue`,
  * `exchange` and `routing_key` are then needed for the copy's headers). */
-static void new_delivery(px_chan *c, uint64_t tag, const retry_rule *rule,
-                         const char *queue, amqp_bytes exchange,
-                         amqp_bytes routing_key) {
+static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
+                         const retry_rule *rule, const char *queue,
+                         amqp_bytes exchange, amqp_bytes routing_key) {
   px_track *t = &c->track;
   if (t->ndl && t->dl[t->ndl - 1].tag >= tag) {
     t->lost = true; /* tags must grow; something was missed */
@@ -141,6 +141,7 @@ static void new_delivery(px_chan *c, uint64_t tag, const retry_rule *rule,
   d->tag = tag;
   d->state = PX_DL_UNCACHED;
   d->rule = rule;
+  d->gen = gen;
   if (!rule)
     return;
   size_t ql = strlen(queue);
@@ -238,6 +239,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->no_ack = no_ack;
   k->rule =
       no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
+  k->gen = s->srv->cfg_gen;
   t->nconsumers++;
 }
 
@@ -350,7 +352,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
       break;
     }
     if (!r.no_ack && r.queue)
-      new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u,
+      new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
                    retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
                    r.queue, a[AMQP_F_BASIC_GET_OK_EXCHANGE].b,
                    a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
@@ -366,7 +368,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
 /* basic.deliver, on every delivery: the consumer tag and delivery tag are
  * read straight from the payload; the full decode (exchange, routing key)
  * only for a delivery that will be kept for retry. */
-void px__track_deliver(px_chan *c, amqp_bytes payload) {
+void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
   amqp_bytes ctag = amqp_get_shortstr(&r);
   uint64_t tag = amqp_get_u64(&r);
@@ -379,15 +381,20 @@ void px__track_deliver(px_chan *c, amqp_bytes payload) {
   }
   if (k->no_ack)
     return;
+  if (k->gen != s->srv->cfg_gen) { /* reloaded: the new policy decides */
+    k->rule = retry_match(&s->srv->cfg->retry, k->queue, strlen(k->queue));
+    k->gen = s->srv->cfg_gen;
+  }
   if (!k->rule) {
-    new_delivery(c, tag, NULL, NULL, (amqp_bytes){0}, (amqp_bytes){0});
+    new_delivery(c, tag, s->srv->cfg_gen, NULL, NULL, (amqp_bytes){0},
+                 (amqp_bytes){0});
     return;
   }
   if (amqp_method_decode(payload, &m) != AMQP_OK) {
     c->track.lost = true;
     return;
   }
-  new_delivery(c, tag, k->rule, k->queue,
+  new_delivery(c, tag, s->srv->cfg_gen, k->rule, k->queue,
                m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
                m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
 }

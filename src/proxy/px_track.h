@@ -22,6 +22,7 @@ typedef struct px_consumer {
   bool no_ack;
   char *queue;
   const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
+  uint32_t gen;           /* ... under this config generation */
 } px_consumer;
 
 /* basic.consume / basic.get waiting for their answer, in order. */
@@ -43,6 +44,7 @@ typedef struct px_delivery {
   uint64_t tag;
   uint8_t state; /* px_dl_state */
   const retry_rule *rule;
+  uint32_t gen;     /* config generation of `rule` */
   char *names;      /* queue NUL exchange NUL routing-key NUL */
   uint8_t *content; /* header payload, then body */
   uint32_t header_len;
