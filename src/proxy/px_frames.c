@@ -351,8 +351,10 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
     if (c->c2u != PX_CONTENT_NONE)
       return client_error(s, 505,
                           "UNEXPECTED_FRAME - method frame during content", id);
-    if (id == AMQP_BASIC_PUBLISH)
+    if (id == AMQP_BASIC_PUBLISH) {
       c->c2u = PX_CONTENT_HEADER;
+      px__track_publish(c);
+    }
     return PX_FORWARD;
   }
   if (f->type == AMQP_FRAME_HEADER) {
@@ -476,6 +478,10 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
     act = client_basic_method(s, f, c, id);
   if (id == AMQP_TX_SELECT)
     c->tx = true;
+  if (id == AMQP_CONFIRM_SELECT && !c->track.confirm) {
+    c->track.confirm = true;
+    c->track.pub_seq = 1;
+  }
   if (act != PX_FORWARD)
     return act;
   if (id == AMQP_CHANNEL_CLOSE)
@@ -603,6 +609,10 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   switch (id) {
   case AMQP_BASIC_DELIVER:
     px__track_deliver(s, c, f->payload);
+    break;
+  case AMQP_BASIC_ACK:
+  case AMQP_BASIC_NACK: /* from the broker: confirms */
+    px__track_confirmed(s, c, f->payload);
     break;
   case AMQP_BASIC_GET_OK:
   case AMQP_BASIC_GET_EMPTY:

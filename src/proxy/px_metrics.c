@@ -44,8 +44,8 @@
   X(topology_errors, "rebound_topology_errors_total", "counter",               \
     "Tier or dead-letter declares the broker refused")
 
-/* Upper bounds of the retry latency buckets, microseconds. */
-static const uint64_t bucket_us[PX_RETRY_BUCKETS] = {
+/* Upper bounds of the histogram buckets, microseconds. */
+static const uint64_t bucket_us[PX_HIST_BUCKETS] = {
     100,   250,   500,    1000,   2500,    5000,   10000,
     25000, 50000, 100000, 250000, 1000000, 5000000};
 
@@ -104,16 +104,37 @@ void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
   c->n = 1;
 }
 
-void px_metrics_observe_retry(px_server *srv, uint64_t us) {
-  px_metrics_store *m = &srv->metrics;
-  for (int i = 0; i < PX_RETRY_BUCKETS; i++)
+int px_metrics_queue(px_server *srv, const char *queue) {
+  const char *l = queue_label(&srv->metrics, queue);
+  return strcmp(l, "other") == 0 && strcmp(queue, "other") != 0
+             ? PX_METRICS_MAX_QUEUES
+             : (int)((const char(*)[256])l - srv->metrics.queues);
+}
+
+static void hist_add(px_hist *h, uint64_t us) {
+  for (int i = 0; i < PX_HIST_BUCKETS; i++)
     if (us <= bucket_us[i])
-      m->retry_buckets[i]++;
-  m->retry_sum_us += us;
-  m->retry_count++;
+      h->buckets[i]++;
+  h->sum_us += us;
+  h->count++;
+}
+
+void px_metrics_observe(px_server *srv, int hist, int qid, uint64_t us) {
+  px_metrics_store *m = &srv->metrics;
+  if (hist == PX_H_RETRY) {
+    hist_add(&m->retry, us);
+  } else if (hist == PX_H_CONFIRM) {
+    hist_add(&m->confirm, us);
+  } else {
+    if (!m->processing &&
+        !(m->processing = calloc(PX_METRICS_MAX_QUEUES + 1, sizeof(px_hist))))
+      return;
+    hist_add(&m->processing[qid], us);
+  }
 }
 
 void px_metrics_free(px_server *srv) {
+  free(srv->metrics.processing);
   free(srv->metrics.counters);
   free(srv->metrics.queues);
   memset(&srv->metrics, 0, sizeof srv->metrics);
@@ -158,21 +179,51 @@ static void render_labelled(px_server *srv, px_admin_response *r) {
   }
 }
 
-static void render_histogram(px_server *srv, px_admin_response *r) {
+static void render_hist(px_admin_response *r, const char *name,
+                        const px_hist *h, const char *label,
+                        const char *value) {
+  for (int i = 0; i <= PX_HIST_BUCKETS; i++) {
+    px_admin_printf(r, "%s_bucket{", name);
+    if (label) {
+      put_label(r, label, value);
+      px_admin_append(r, ",", 1);
+    }
+    if (i < PX_HIST_BUCKETS)
+      px_admin_printf(r, "le=\"%g\"} %llu\n", (double)bucket_us[i] / 1e6,
+                      (unsigned long long)h->buckets[i]);
+    else
+      px_admin_printf(r, "le=\"+Inf\"} %llu\n", (unsigned long long)h->count);
+  }
+  const char *suffix[2] = {"_sum", "_count"};
+  for (int k = 0; k < 2; k++) {
+    px_admin_printf(r, "%s%s", name, suffix[k]);
+    if (label) {
+      px_admin_append(r, "{", 1);
+      put_label(r, label, value);
+      px_admin_append(r, "}", 1);
+    }
+    if (k == 0)
+      px_admin_printf(r, " %.6f\n", (double)h->sum_us / 1e6);
+    else
+      px_admin_printf(r, " %llu\n", (unsigned long long)h->count);
+  }
+}
+
+static void render_histograms(px_server *srv, px_admin_response *r) {
   px_metrics_store *m = &srv->metrics;
-  const char *name = "rebound_retry_latency_seconds";
-  head(r, name, "histogram",
+  head(r, "rebound_retry_latency_seconds", "histogram",
        "From a client's nack to rebound's ack of the original (copy "
        "published and confirmed)");
-  for (int i = 0; i < PX_RETRY_BUCKETS; i++)
-    px_admin_printf(r, "%s_bucket{le=\"%g\"} %llu\n", name,
-                    (double)bucket_us[i] / 1e6,
-                    (unsigned long long)m->retry_buckets[i]);
-  px_admin_printf(r, "%s_bucket{le=\"+Inf\"} %llu\n", name,
-                  (unsigned long long)m->retry_count);
-  px_admin_printf(r, "%s_sum %.6f\n%s_count %llu\n", name,
-                  (double)m->retry_sum_us / 1e6, name,
-                  (unsigned long long)m->retry_count);
+  render_hist(r, "rebound_retry_latency_seconds", &m->retry, NULL, NULL);
+  head(r, "rebound_publish_confirm_seconds", "histogram",
+       "From a client's publish to the broker's confirm (confirm mode)");
+  render_hist(r, "rebound_publish_confirm_seconds", &m->confirm, NULL, NULL);
+  head(r, "rebound_consumer_processing_seconds", "histogram",
+       "From a delivery to the client's ack, nack or reject, by queue");
+  for (uint32_t q = 0; m->processing && q <= PX_METRICS_MAX_QUEUES; q++)
+    if (m->processing[q].count)
+      render_hist(r, "rebound_consumer_processing_seconds", &m->processing[q],
+                  "queue", q < m->nqueues ? m->queues[q] : "other");
 }
 
 static long rss_bytes(void) {
@@ -221,7 +272,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   gauge(r, "rebound_retries_pending",
         "Copies published and awaiting the broker's confirm", pending);
   render_labelled(srv, r);
-  render_histogram(srv, r);
+  render_histograms(srv, r);
   gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",
         srv->upstream_ok && !srv->draining);
   gauge(r, "rebound_process_resident_memory_bytes", "Resident memory",

@@ -43,8 +43,15 @@ enum px_labelled_id {
 void px_metrics_inc(struct px_server *srv, int id, const char *v1,
                     const char *v2);
 
-/* Record one retry's nack-to-ack latency. */
-void px_metrics_observe_retry(struct px_server *srv, uint64_t us);
+enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
+
+/* The label slot of a queue for per-queue histograms: 0..99, or
+ * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. */
+int px_metrics_queue(struct px_server *srv, const char *queue);
+
+/* Record one observation, in microseconds. `qid` (from px_metrics_queue)
+ * only for PX_H_PROCESSING. */
+void px_metrics_observe(struct px_server *srv, int hist, int qid, uint64_t us);
 
 /* Write every metric in Prometheus text format into `resp`. */
 void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);

@@ -329,6 +329,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   uint32_t keep = from;
   for (uint32_t i = from; i < to; i++) {
     px_delivery *d = &t->dl[i];
+    px__track_observe(s, d); /* the client's decision is now */
     if (try_retry(s, c, d, is_reject)) {
       t->dl[keep++] = *d;
       continue;
@@ -377,7 +378,7 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
       st->retries_published++;
       px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
     }
-    px_metrics_observe_retry(s->srv, us);
+    px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
     st->retry_latency_us_sum += us;
     st->retry_latency_count++;
     if (us > st->retry_latency_us_max)

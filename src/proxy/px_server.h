@@ -39,7 +39,12 @@ typedef struct px_stats {
   uint64_t bytes_c2u, bytes_u2c;
 } px_stats;
 
-#define PX_RETRY_BUCKETS 13
+#define PX_HIST_BUCKETS 13
+
+typedef struct px_hist {
+  uint64_t buckets[PX_HIST_BUCKETS]; /* cumulative, see px_metrics.c */
+  uint64_t sum_us, count;
+} px_hist;
 
 typedef struct px_counter {
   int id;
@@ -54,8 +59,9 @@ typedef struct px_metrics_store {
   uint32_t n, cap;
   char (*queues)[256]; /* distinct queue label values seen */
   uint32_t nqueues;
-  uint64_t retry_buckets[PX_RETRY_BUCKETS];
-  uint64_t retry_sum_us, retry_count;
+  px_hist retry;       /* nack -> ack of the original */
+  px_hist confirm;     /* client publish -> broker confirm */
+  px_hist *processing; /* deliver -> settle, per queue label (+ other) */
 } px_metrics_store;
 
 typedef struct px_server {

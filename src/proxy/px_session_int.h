@@ -71,6 +71,12 @@ void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple);
 void px__track_clear(px_session *s, px_chan *c);
 void px__track_free(px_session *s, px_chan *c);
 px_delivery *px__track_find(px_chan *c, uint64_t tag);
+/* Deliver-to-settle time of a delivery the client settles now. */
+void px__track_observe(px_session *s, const px_delivery *d);
+/* confirm.select / basic.publish / the broker's confirms on a client
+ * channel: publish-to-confirm times. */
+void px__track_publish(px_chan *c);
+void px__track_confirmed(px_session *s, px_chan *c, amqp_bytes payload);
 
 /* px_retry.c: the retry path. */
 int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_metrics.h"
 #include "px_session_int.h"
 
 /* Deliveries tracked per channel at most; past it multiple-nacks pass. */
@@ -75,11 +76,21 @@ px_delivery *px__track_find(px_chan *c, uint64_t tag) {
 }
 
 /* Drop deliveries [from, to) of the array. */
+void px__track_observe(px_session *s, const px_delivery *d) {
+  if (d->state != PX_DL_RETRYING) /* observed when it was nacked */
+    px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
+                       uv_hrtime() / 1000 - d->delivered_us);
+}
+
+/* Drop deliveries [from, to); `settled`: by the client, just now. */
 static void dl_remove_range(px_session *s, px_chan *c, uint32_t from,
-                            uint32_t to) {
+                            uint32_t to, bool settled) {
   px_track *t = &c->track;
-  for (uint32_t i = from; i < to; i++)
+  for (uint32_t i = from; i < to; i++) {
+    if (settled)
+      px__track_observe(s, &t->dl[i]);
     dl_free(s, &t->dl[i]);
+  }
   if (to < t->ndl)
     memmove(t->dl + from, t->dl + to, (t->ndl - to) * sizeof *t->dl);
   t->ndl -= to - from;
@@ -95,19 +106,19 @@ void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
     uint32_t n = 0;
     while (n < t->ndl && (tag == 0 || t->dl[n].tag <= tag))
       n++;
-    dl_remove_range(s, c, 0, n);
+    dl_remove_range(s, c, 0, n, true);
     return;
   }
   px_delivery *d = px__track_find(c, tag);
   if (d) {
     uint32_t i = (uint32_t)(d - t->dl);
-    dl_remove_range(s, c, i, i + 1);
+    dl_remove_range(s, c, i, i + 1, true);
   }
 }
 
 void px__track_clear(px_session *s, px_chan *c) {
   px_track *t = &c->track;
-  dl_remove_range(s, c, 0, t->ndl);
+  dl_remove_range(s, c, 0, t->ndl, false);
   free(t->dl);
   t->dl = NULL;
   t->cap_dl = 0;
@@ -117,7 +128,7 @@ void px__track_clear(px_session *s, px_chan *c) {
 
 /* Track a delivery; with a rule, also start keeping its content (`queue`,
  * `exchange` and `routing_key` are then needed for the copy's headers). */
-static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
+static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
                          const retry_rule *rule, const char *queue,
                          amqp_bytes exchange, amqp_bytes routing_key) {
   px_track *t = &c->track;
@@ -142,6 +153,8 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
   d->state = PX_DL_UNCACHED;
   d->rule = rule;
   d->gen = gen;
+  d->qid = qid;
+  d->delivered_us = uv_hrtime() / 1000;
   if (!rule)
     return;
   size_t ql = strlen(queue);
@@ -240,6 +253,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->rule =
       no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
   k->gen = s->srv->cfg_gen;
+  k->qid = px_metrics_queue(s->srv, queue);
   t->nconsumers++;
 }
 
@@ -353,6 +367,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
     }
     if (!r.no_ack && r.queue)
       new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
+                   px_metrics_queue(s->srv, r.queue),
                    retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
                    r.queue, a[AMQP_F_BASIC_GET_OK_EXCHANGE].b,
                    a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
@@ -386,7 +401,7 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     k->gen = s->srv->cfg_gen;
   }
   if (!k->rule) {
-    new_delivery(c, tag, s->srv->cfg_gen, NULL, NULL, (amqp_bytes){0},
+    new_delivery(c, tag, s->srv->cfg_gen, k->qid, NULL, NULL, (amqp_bytes){0},
                  (amqp_bytes){0});
     return;
   }
@@ -394,7 +409,7 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     c->track.lost = true;
     return;
   }
-  new_delivery(c, tag, s->srv->cfg_gen, k->rule, k->queue,
+  new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
                m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
                m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
 }
@@ -410,6 +425,48 @@ void px__track_free(px_session *s, px_chan *c) {
   for (uint32_t i = 0; i < c->track.nrequests; i++)
     request_free(&c->track.requests[i]);
   free(c->track.requests);
+  free(c->track.pub_us);
   memset(&c->track, 0, sizeof c->track);
   c->track.capture = -1;
+}
+
+/* ---- publisher confirms of the client's publishes (metrics) ------------- */
+
+void px__track_publish(px_chan *c) {
+  px_track *t = &c->track;
+  if (!t->confirm)
+    return;
+  if (t->pub_n == t->pub_cap) {
+    uint32_t cap = t->pub_cap ? t->pub_cap * 2 : 64;
+    uint64_t *ring = cap <= 65536 ? malloc(cap * sizeof *ring) : NULL;
+    if (!ring) {
+      t->confirm = false; /* stop measuring rather than guess */
+      return;
+    }
+    for (uint32_t i = 0; i < t->pub_n; i++)
+      ring[i] = t->pub_us[(t->pub_head + i) % t->pub_cap];
+    free(t->pub_us);
+    t->pub_us = ring;
+    t->pub_cap = cap;
+    t->pub_head = 0;
+  }
+  t->pub_us[(t->pub_head + t->pub_n++) % t->pub_cap] = uv_hrtime() / 1000;
+}
+
+/* The broker's basic.ack/nack on a client channel in confirm mode: every
+ * publish up to the tag (RabbitMQ confirms a channel's publishes in
+ * order) is confirmed now. */
+void px__track_confirmed(px_session *s, px_chan *c, amqp_bytes payload) {
+  px_track *t = &c->track;
+  amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
+  uint64_t tag = amqp_get_u64(&r);
+  uint64_t now = uv_hrtime() / 1000;
+  if (!t->confirm || r.failed)
+    return;
+  while (t->pub_n && t->pub_seq <= tag) {
+    px_metrics_observe(s->srv, PX_H_CONFIRM, 0, now - t->pub_us[t->pub_head]);
+    t->pub_head = (t->pub_head + 1) % t->pub_cap;
+    t->pub_n--;
+    t->pub_seq++;
+  }
 }

@@ -23,6 +23,7 @@ typedef struct px_consumer {
   char *queue;
   const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
   uint32_t gen;           /* ... under this config generation */
+  int qid;                /* metrics label slot of `queue` */
 } px_consumer;
 
 /* basic.consume / basic.get waiting for their answer, in order. */
@@ -44,7 +45,9 @@ typedef struct px_delivery {
   uint64_t tag;
   uint8_t state; /* px_dl_state */
   const retry_rule *rule;
-  uint32_t gen;     /* config generation of `rule` */
+  uint32_t gen; /* config generation of `rule` */
+  int qid;      /* metrics label slot of its queue */
+  uint64_t delivered_us;
   char *names;      /* queue NUL exchange NUL routing-key NUL */
   uint8_t *content; /* header payload, then body */
   uint32_t header_len;
@@ -62,6 +65,11 @@ typedef struct px_track {
   int32_t capture; /* index of the delivery whose content is arriving */
   uint32_t retries_pending;
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
+  /* publisher confirms of the client's own publishes (for metrics) */
+  bool confirm;
+  uint64_t *pub_us; /* ring: publish times of unconfirmed publishes */
+  uint32_t pub_head, pub_n, pub_cap;
+  uint64_t pub_seq; /* sequence number of the oldest in the ring */
 } px_track;
 
 static inline const char *px_dl_queue(const px_delivery *d) {

@@ -224,3 +224,36 @@ def test_v1_status_json(rebound_factory, broker):
     assert doc["config"]["retry"]["policies"][0]["tiers"] == ["1s", "2s", "4s"]
     assert "guest" not in json.dumps(doc["config"])  # no credentials anywhere
     conn.close()
+
+
+def test_latency_histograms_match_traffic(rebound_factory, broker):
+    """5 confirmed publishes -> 5 publish-to-confirm observations; 3
+    deliveries acked (1 by nack requeue=false) -> 3 processing observations
+    under the queue's label."""
+    rb = admin_rebound(rebound_factory, "--retry-queues", "none-here")
+    q = rbtest.uniq("hist")
+    conn = rb.pika(broker)
+    ch = conn.channel()
+    ch.queue_declare(q, exclusive=True)
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", q, b"m%d" % i)
+    ch2 = conn.channel()
+    for i in range(3):
+        m, _, _ = ch2.basic_get(q)
+        time.sleep(0.02)
+        if i < 2:
+            ch2.basic_ack(m.delivery_tag)
+        else:
+            ch2.basic_nack(m.delivery_tag, requeue=False)
+    ch2.basic_get(q, auto_ack=True)  # no-ack: never observed
+    rbtest.wait_until(lambda: metrics(rb.admin_port).get(
+        'rebound_consumer_processing_seconds_count{queue="%s"}' % q) == 3, 10,
+        "three processing observations")
+    v = metrics(rb.admin_port)
+    assert v["rebound_publish_confirm_seconds_count"] == 5
+    assert v['rebound_publish_confirm_seconds_bucket{le="+Inf"}'] == 5
+    # each processing time was at least the 20 ms the consumer took
+    assert v['rebound_consumer_processing_seconds_bucket{queue="%s",le="0.01"}' % q] == 0
+    assert v['rebound_consumer_processing_seconds_sum{queue="%s"}' % q] >= 0.06
+    conn.close()
