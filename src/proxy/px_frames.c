@@ -51,6 +51,8 @@ static int client_error(px_session *s, uint16_t code, const char *text,
 
 /* ---- rebound's own channel ---------------------------------------------- */
 
+static void release_own_waiters(px_session *s);
+
 static void own_open(px_session *s) {
   amqp_method m;
   uint16_t n = 0;
@@ -90,6 +92,7 @@ static void own_handover(px_session *s) {
   s->own_ch = 0;
   s->yield_waiter = 0;
   s->srv->stats.own_channel_yields++;
+  release_own_waiters(s); /* no channel of rebound's: requeues pass */
   px_info("own_channel_yielded",
           "id=%llu peer=%s channel=%u reason=\"client opened every channel\"",
           (unsigned long long)s->id, s->peer, (unsigned)n);
@@ -98,6 +101,19 @@ static void own_handover(px_session *s) {
   c->up_ch = n;
   px_tab_set(&s->by_up, n, c);
   px__release_held(s, c);
+}
+
+/* Requeues that waited for rebound's channel go through the handler again
+ * (retried now, or passed through if the channel could not reopen). */
+static void release_own_waiters(px_session *s) {
+  unsigned n = s->n_own_waiters;
+  s->n_own_waiters = 0;
+  for (unsigned i = 0; i < n; i++) {
+    px_chan *c = px_tab_get(&s->by_client, s->own_waiters[i].ch);
+    if (c && c->gen == s->own_waiters[i].gen && c->held &&
+        !c->track.retries_pending)
+      px__release_held(s, c);
+  }
 }
 
 static int own_frame(px_session *s, const amqp_frame *f) {
@@ -121,7 +137,8 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     s->own_failures = 0;
     px_debug("own_channel_ready", "id=%llu channel=%u",
              (unsigned long long)s->id, (unsigned)s->own_ch);
-    if (s->yield_requested)
+    release_own_waiters(s);
+    if (s->yield_requested && s->nops == 0)
       own_yield_now(s);
     break;
   case AMQP_BASIC_ACK:
@@ -156,6 +173,8 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     s->own_state = PX_OWN_NONE;
     if (++s->own_failures < PX_OWN_MAX_FAILURES)
       own_open(s);
+    else
+      release_own_waiters(s); /* given up: their requeues pass through */
     break;
   }
   case AMQP_CHANNEL_CLOSE_OK:
@@ -476,6 +495,8 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
   int act = client_content(s, f, c, id);
   if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
     act = client_basic_method(s, f, c, id);
+  if (act == PX_HOLD)
+    *hold_chan = c; /* a requeue waiting for rebound's channel */
   if (id == AMQP_TX_SELECT)
     c->tx = true;
   if (id == AMQP_CONFIRM_SELECT && !c->track.confirm) {

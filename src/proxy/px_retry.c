@@ -311,6 +311,17 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   bool any = false;
   for (uint32_t i = from; i < to; i++)
     any = any || t->dl[i].state == PX_DL_CACHED;
+  bool reopening =
+      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
+  if (any && reopening && !(multiple && t->lost) && c->state == PX_CH_OPEN &&
+      s->n_own_waiters < sizeof s->own_waiters / sizeof s->own_waiters[0]) {
+    /* rebound's channel is (re)opening: this requeue, and the channel's
+     * later frames, wait for it rather than lose the retry */
+    s->own_waiters[s->n_own_waiters].ch = c->client_ch;
+    s->own_waiters[s->n_own_waiters++].gen = c->gen;
+    c->held = true;
+    return PX_HOLD;
+  }
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     if (any) {

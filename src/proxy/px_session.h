@@ -109,7 +109,13 @@ typedef struct px_session {
   uint32_t nbroken;
   uint64_t cache_bytes; /* deliveries kept for retry */
   bool warned_uncached;
-  bool client_gone;         /* client left while retries were pending */
+  bool client_gone; /* client left while retries were pending */
+  /* client channels whose requeue waits for rebound's channel to reopen */
+  struct {
+    uint16_t ch;
+    uint32_t gen;
+  } own_waiters[16];
+  unsigned n_own_waiters;
   bool conn_held;           /* the client's connection.close waits ... */
   px_slice conn_hold;       /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */
