@@ -41,6 +41,8 @@
     "Deliveries kept for retry")                                               \
   X(uncached_deliveries, "rebound_uncached_deliveries_total", "counter",       \
     "Deliveries of intercepted queues not kept (cache bound)")                 \
+  X(uncached_nacks, "rebound_uncached_nacks_total", "counter",                 \
+    "Requeues of deliveries not kept (cache bound), passed through")           \
   X(topology_errors, "rebound_topology_errors_total", "counter",               \
     "Tier or dead-letter declares the broker refused")
 

@@ -309,8 +309,11 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     }
   }
   bool any = false;
-  for (uint32_t i = from; i < to; i++)
+  uint64_t uncached = 0; /* of intercepted queues, over the cache bound */
+  for (uint32_t i = from; i < to; i++) {
     any = any || t->dl[i].state == PX_DL_CACHED;
+    uncached += t->dl[i].rule && t->dl[i].state == PX_DL_UNCACHED;
+  }
   bool reopening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
   if (any && reopening && !(multiple && t->lost) && c->state == PX_CH_OPEN &&
@@ -324,6 +327,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   }
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
+    s->srv->stats.uncached_nacks += uncached;
     if (any) {
       s->srv->stats.retry_passthrough++;
       px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
@@ -335,6 +339,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     px__track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
+  s->srv->stats.uncached_nacks += uncached;
   /* One by one: a copy for what can be retried, a plain requeue for the
    * rest (settled here and now). */
   uint32_t keep = from;

@@ -29,6 +29,7 @@ typedef struct px_stats {
   uint64_t cache_bytes;
   uint64_t cache_entries;
   uint64_t uncached_deliveries;
+  uint64_t uncached_nacks;    /* requeues of those: passed through */
   uint64_t retries_published; /* copies confirmed into a tier */
   uint64_t dead_lettered;     /* copies confirmed into a DLQ */
   uint64_t retry_fallbacks;   /* nack forwarded after a failed copy */

@@ -257,3 +257,29 @@ def test_latency_histograms_match_traffic(rebound_factory, broker):
     assert v['rebound_consumer_processing_seconds_bucket{queue="%s",le="0.01"}' % q] == 0
     assert v['rebound_consumer_processing_seconds_sum{queue="%s"}' % q] >= 0.06
     conn.close()
+
+
+def test_uncached_nack_counted_and_malformed_http(rebound_factory, broker):
+    """A delivery over the cache bound: its nack passes through and is
+    counted; a malformed request to the admin endpoint gets 400."""
+    import socket
+    rb = admin_rebound(rebound_factory, "--cache-per-connection", "1KiB",
+                       "--retry-queues", "rbt-uncached*")
+    q = rbtest.uniq("uncached")
+    conn = rb.pika(broker)
+    ch = conn.channel()
+    ch.queue_declare(q, exclusive=True)
+    ch.basic_publish("", q, b"x" * 4096)  # bigger than the whole bound
+    m, _, _ = ch.basic_get(q)
+    ch.basic_nack(m.delivery_tag, requeue=True)
+    m, _, _ = ch.basic_get(q)  # requeued by the broker at once
+    assert m is not None and m.redelivered
+    ch.basic_ack(m.delivery_tag)
+    v = metrics(rb.admin_port)
+    assert v["rebound_uncached_nacks_total"] == 1
+    assert v["rebound_uncached_deliveries_total"] == 2
+    conn.close()
+    s = socket.create_connection(("127.0.0.1", rb.admin_port), timeout=5)
+    s.sendall(b"GET / HTTP/1.1\r\nHost x\r\n\r\n")
+    assert s.recv(100).startswith(b"HTTP/1.1 400")
+    s.close()
