@@ -61,3 +61,46 @@ def test_sighup_reload_good_and_bad(rebound_factory, broker, tmp_path):
     line = rb.wait_log("config_reload_failed")
     assert "%s:4:" % cfg in line["error"] and "max_attempts" in line["error"]
     assert poison_deliveries(rb, broker, b + ".q3", 1.0) == 3
+
+
+def test_sighup_moves_the_listener(broker, tmp_path):
+    """A new listen address in the file applies to new connections: after
+    SIGHUP rebound listens there and no longer on the old address, while a
+    connection made before keeps working."""
+    import os
+    import socket
+    import subprocess
+    old_port, new_port = rbtest.free_port(), rbtest.free_port()
+    cfg = tmp_path / "rebound.yaml"
+    cfg.write_text("listen: 127.0.0.1:%d\n" % old_port)
+    log = tmp_path / "rebound.log"
+    proc = subprocess.Popen([os.environ["REBOUND_BIN"], "--config", str(cfg),
+                             "--admin", "off", "--upstream", broker.addr],
+                            stderr=open(log, "w"))
+    try:
+        rbtest.wait_until(lambda: b"msg=listening" in log.read_bytes(), 10,
+                          "listening")
+        params = lambda port: pika.ConnectionParameters(
+            host="127.0.0.1", port=port,
+            credentials=pika.PlainCredentials("guest", "guest"))
+        before = pika.BlockingConnection(params(old_port))
+        cfg.write_text("listen: 127.0.0.1:%d\n" % new_port)
+        proc.send_signal(signal.SIGHUP)
+        rbtest.wait_until(lambda: b"msg=config_reloaded" in log.read_bytes(), 10,
+                          "reloaded")
+        after = pika.BlockingConnection(params(new_port))
+        after.channel().queue_declare(rbtest.uniq("moved"), exclusive=True)
+        after.close()
+        try:
+            socket.create_connection(("127.0.0.1", old_port), timeout=1).close()
+            still = True
+        except OSError:
+            still = False
+        assert not still, "the old listener should be closed"
+        before.channel().queue_declare(rbtest.uniq("kept"), exclusive=True)
+        before.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    text = log.read_text()
+    assert "AddressSanitizer" not in text and "runtime error" not in text
