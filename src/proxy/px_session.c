@@ -586,7 +586,8 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   bool clean = err == UV_EOF;
   uv_read_stop((uv_stream_t *)&side->tcp);
   side->reading = false;
-  if (side == &s->client && s->nops > 0 && s->state == PX_S_OPEN &&
+  /* open, or closing (the client's close held, or rebound draining) */
+  if (side == &s->client && s->nops > 0 && s->upstream.connected &&
       !s->client_gone) {
     /* finish the copies in flight (publish, confirm, ack) first */
     s->client_gone = true;
