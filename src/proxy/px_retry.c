@@ -262,7 +262,6 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
           : retry_match(&s->srv->cfg->retry, q, strlen(q)); /* reloaded */
   retry_decide(rule, q, strlen(q), count_header(s, d), &plan);
   if (plan.action == RETRY_PASS) {
-    s->srv->stats.retry_passthrough++;
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
     px_debug("retry_pass", "id=%llu queue=\"%s\" reason=\"%s\"",
@@ -270,7 +269,6 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
     return false;
   }
   if (in_list(s->broken, s->nbroken, plan.target)) {
-    s->srv->stats.retry_passthrough++;
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
                    "tier or dead-letter queue refused", NULL);
     return false;
@@ -329,7 +327,6 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
     if (any) {
-      s->srv->stats.retry_passthrough++;
       px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
                      s->own_state != PX_OWN_READY
                          ? "rebound's channel not ready"
@@ -374,7 +371,6 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
-  px_stats *st = &s->srv->stats;
   uint64_t us = now_us() - op->started_us;
 
   if (!c || c->gen != op->gen || c->state == PX_CH_SERVER_CLOSED) {
@@ -387,18 +383,11 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   }
   if (ok) {
     emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
-    if (op->dead_letter) {
-      st->dead_lettered++;
+    if (op->dead_letter)
       px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, "max-attempts");
-    } else {
-      st->retries_published++;
+    else
       px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
-    }
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
-    st->retry_latency_us_sum += us;
-    st->retry_latency_count++;
-    if (us > st->retry_latency_us_max)
-      st->retry_latency_us_max = us;
     px_debug(op->dead_letter ? "dead_lettered" : "retry_published",
              "id=%llu channel=%u delivery_tag=%llu target=\"%s\" "
              "latency_us=%llu",
@@ -407,7 +396,6 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   } else {
     emit_settle(s, c, op->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
                 op->tag, true);
-    st->retry_fallbacks++;
     px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
     px_warn("retry_fallback",
             "id=%llu peer=%s channel=%u delivery_tag=%llu target=\"%s\" "

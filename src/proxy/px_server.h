@@ -20,7 +20,6 @@ struct px_session;
 typedef struct px_stats {
   uint64_t sessions_total;
   uint64_t sessions_current;
-  uint64_t upstream_connect_failures;
   uint64_t upstream_connections_total;
   uint64_t protocol_errors;
   uint64_t channel_remaps;
@@ -29,13 +28,8 @@ typedef struct px_stats {
   uint64_t cache_bytes;
   uint64_t cache_entries;
   uint64_t uncached_deliveries;
-  uint64_t uncached_nacks;    /* requeues of those: passed through */
-  uint64_t retries_published; /* copies confirmed into a tier */
-  uint64_t dead_lettered;     /* copies confirmed into a DLQ */
-  uint64_t retry_fallbacks;   /* nack forwarded after a failed copy */
-  uint64_t retry_passthrough; /* requeues forwarded by policy */
-  uint64_t topology_errors;   /* declares the broker refused */
-  uint64_t retry_latency_us_sum, retry_latency_count, retry_latency_us_max;
+  uint64_t uncached_nacks;         /* requeues of those: passed through */
+  uint64_t topology_errors;        /* declares the broker refused */
   uint64_t frames_c2u, frames_u2c; /* frames read from clients / broker */
   uint64_t bytes_c2u, bytes_u2c;
 } px_stats;

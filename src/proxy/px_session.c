@@ -675,7 +675,6 @@ static void note_upstream_error(px_session *s, const char *err) {
   size_t n = strlen(s->upstream_errors);
   snprintf(s->upstream_errors + n, sizeof s->upstream_errors - n, "%s%s: %s",
            n ? "; " : "", s->upstream_addr, err);
-  s->srv->stats.upstream_connect_failures++;
   px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, s->upstream_addr, NULL);
 }
 
