@@ -349,13 +349,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     }
     emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
                 true);
-    free(d->names);
-    free(d->content);
-    if (d->bytes) {
-      s->cache_bytes -= d->bytes;
-      s->srv->stats.cache_bytes -= d->bytes;
-      s->srv->stats.cache_entries--;
-    }
+    px__track_release(s, d);
   }
   if (to < t->ndl)
     memmove(t->dl + keep, t->dl + to, (t->ndl - to) * sizeof *t->dl);

@@ -71,6 +71,9 @@ void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple);
 void px__track_clear(px_session *s, px_chan *c);
 void px__track_free(px_session *s, px_chan *c);
 px_delivery *px__track_find(px_chan *c, uint64_t tag);
+/* Free a delivery's copies and give its bytes back to the cache bounds;
+ * the caller removes it from the array. */
+void px__track_release(px_session *s, px_delivery *d);
 /* Deliver-to-settle time of a delivery the client settles now. */
 void px__track_observe(px_session *s, const px_delivery *d);
 /* confirm.select / basic.publish / the broker's confirms on a client

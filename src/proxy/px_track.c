@@ -32,12 +32,15 @@ static bool cache_reserve(px_session *s, uint64_t n) {
   return true;
 }
 
-static void dl_free(px_session *s, px_delivery *d) {
-  if (d->bytes) {
-    s->cache_bytes -= d->bytes;
-    s->srv->stats.cache_bytes -= d->bytes;
-    s->srv->stats.cache_entries--;
-  }
+static void cache_unreserve(px_session *s, uint64_t n) {
+  s->cache_bytes -= n;
+  s->srv->stats.cache_bytes -= n;
+  s->srv->stats.cache_entries--;
+}
+
+void px__track_release(px_session *s, px_delivery *d) {
+  if (d->bytes)
+    cache_unreserve(s, d->bytes);
   free(d->names);
   free(d->content);
   memset(d, 0, sizeof *d);
@@ -89,7 +92,7 @@ static void dl_remove_range(px_session *s, px_chan *c, uint32_t from,
   for (uint32_t i = from; i < to; i++) {
     if (settled)
       px__track_observe(s, &t->dl[i]);
-    dl_free(s, &t->dl[i]);
+    px__track_release(s, &t->dl[i]);
   }
   if (to < t->ndl)
     memmove(t->dl + from, t->dl + to, (t->ndl - to) * sizeof *t->dl);
@@ -194,9 +197,7 @@ void px__track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     }
     d->content = malloc(need ? need : 1);
     if (!d->content) {
-      s->cache_bytes -= need;
-      s->srv->stats.cache_bytes -= need;
-      s->srv->stats.cache_entries--;
+      cache_unreserve(s, need);
       uncache(s, d, "out of memory");
       t->capture = -1;
       return;
