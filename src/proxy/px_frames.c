@@ -395,11 +395,7 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
 }
 
 static void close_upstream(px_session *s, const char *text) {
-  amqp_method m;
-  amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
-  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
-  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
-  px__emit_method(s, &s->upstream, 0, &m);
+  px__emit_close(s, &s->upstream, 200, text, 0, 0);
 }
 
 /* While rebound is closing the client (error, shutdown), only its

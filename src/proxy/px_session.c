@@ -384,18 +384,23 @@ void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
   arm_close_timer(s);
 }
 
-void px__close_client(px_session *s, uint16_t code, const char *text,
-                      uint16_t class_id, uint16_t method_id) {
+void px__emit_close(px_session *s, px_side *side, uint16_t code,
+                    const char *text, uint16_t class_id, uint16_t method_id) {
   amqp_method m;
-  if (s->proxy_closing)
-    return;
-  s->proxy_closing = true;
   amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = code;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
   m.args[AMQP_F_CONNECTION_CLOSE_CLASS_ID].u = class_id;
   m.args[AMQP_F_CONNECTION_CLOSE_METHOD_ID].u = method_id;
-  px__emit_method(s, &s->client, 0, &m);
+  px__emit_method(s, side, 0, &m);
+}
+
+void px__close_client(px_session *s, uint16_t code, const char *text,
+                      uint16_t class_id, uint16_t method_id) {
+  if (s->proxy_closing)
+    return;
+  s->proxy_closing = true;
+  px__emit_close(s, &s->client, code, text, class_id, method_id);
   side_flush(&s->client);
   px__set_state(s, PX_S_CLOSING);
   arm_close_timer(s);

@@ -43,6 +43,10 @@ void px__release_conn_hold(px_session *s);
 /* Queue held frames of a channel for upstream (they keep their order). */
 void px__release_held(px_session *s, px_chan *c);
 
+/* Queue a connection.close for `side`. */
+void px__emit_close(px_session *s, px_side *side, uint16_t code,
+                    const char *text, uint16_t class_id, uint16_t method_id);
+
 /* Send connection.close to the client with `code` and `text` (and the
  * offending class/method), stop forwarding, and close once the client
  * answers close-ok or a short timeout passes. */
