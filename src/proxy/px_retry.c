@@ -164,26 +164,25 @@ static int copy_headers(px_session *s, const px_delivery *d,
 
 /* Publish the copy of `d` on rebound's channel. 0, or -1 when it cannot be
  * built (the caller falls back). */
-static int publish_copy(px_session *s, px_delivery *d, const retry_plan *plan) {
-  amqp_content_header h;
-  amqp_bytes hdr = {d->content, d->header_len};
-  if (amqp_content_header_decode(hdr, &h) != AMQP_OK)
-    return -1;
-  size_t cap = 2 * (h.props.headers.len + 2048);
+/* Publish the copy of `d`, whose decoded content header is `h` (changed
+ * here: its headers get rebound's). */
+static int publish_copy(px_session *s, px_delivery *d, amqp_content_header *h,
+                        const retry_plan *plan) {
+  size_t cap = 2 * (h->props.headers.len + 2048);
   uint8_t *tbl = malloc(cap);
   uint8_t *frame = malloc(d->header_len + cap / 2 + 64);
   size_t tlen;
   int rc = -1;
   if (!tbl || !frame ||
       copy_headers(s, d, plan,
-                   (h.props.flags & AMQP_P_HEADERS) ? h.props.headers
-                                                    : (amqp_bytes){NULL, 0},
+                   (h->props.flags & AMQP_P_HEADERS) ? h->props.headers
+                                                     : (amqp_bytes){NULL, 0},
                    tbl, cap, &tlen) != 0)
     goto out;
-  h.props.headers = (amqp_bytes){tbl, tlen};
-  h.props.flags |= AMQP_P_HEADERS;
+  h->props.headers = (amqp_bytes){tbl, tlen};
+  h->props.flags |= AMQP_P_HEADERS;
   amqp_writer w = amqp_writer_make(frame, d->header_len + cap / 2 + 64);
-  if (amqp_content_header_encode(&h, &w) != AMQP_OK)
+  if (amqp_content_header_encode(h, &w) != AMQP_OK)
     goto out;
 
   ensure_queue(s, plan, px_dl_queue(d));
@@ -233,17 +232,16 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   return 0;
 }
 
-static int64_t count_header(px_session *s, const px_delivery *d) {
-  amqp_content_header h;
+/* The retry count header: -1 when absent, -2 when not a non-negative
+ * integer. */
+static int64_t count_header(px_session *s, const amqp_content_header *h) {
   amqp_field v;
   char name[RETRY_NAME_MAX + 1];
   int64_t n;
-  if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
-          AMQP_OK ||
-      !(h.props.flags & AMQP_P_HEADERS) ||
+  if (!(h->props.flags & AMQP_P_HEADERS) ||
       retry_header_name(&s->srv->cfg->retry, "retry-count", name, sizeof name) <
           0 ||
-      amqp_table_get(h.props.headers, amqp_cstr(name), &v) != AMQP_OK)
+      amqp_table_get(h->props.headers, amqp_cstr(name), &v) != AMQP_OK)
     return -1;
   return amqp_field_as_int(&v, &n) && n >= 0 ? n : -2;
 }
@@ -260,7 +258,11 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
       d->gen == s->srv->cfg_gen
           ? d->rule
           : retry_match(&s->srv->cfg->retry, q, strlen(q)); /* reloaded */
-  retry_decide(rule, q, strlen(q), count_header(s, d), &plan);
+  amqp_content_header h; /* decoded once: for the count and the copy */
+  if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
+      AMQP_OK)
+    return false;
+  retry_decide(rule, q, strlen(q), count_header(s, &h), &plan);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
@@ -275,7 +277,7 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
   }
   if (push_op(s, c, d, &plan, is_reject) != 0)
     return false;
-  if (publish_copy(s, d, &plan) != 0) {
+  if (publish_copy(s, d, &h, &plan) != 0) {
     s->nops--;
     s->own_seq--;
     return false;
