@@ -145,6 +145,15 @@ static void arm_close_timer(px_session *s) {
 
 static void side_resume(px_side *side);
 
+/* A write to `side` failed (at once or later): log and close. */
+static void side_write_failed(px_side *side, int err) {
+  px_session *s = side->s;
+  px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
+          (unsigned long long)s->id, s->peer, side->name, uv_strerror(err));
+  px_session_close(s, side == &s->client ? "client write failed"
+                                         : "upstream write failed");
+}
+
 static void on_write(uv_write_t *req, int status) {
   px_write *w = (px_write *)req;
   px_side *side = w->side;
@@ -157,11 +166,7 @@ static void on_write(uv_write_t *req, int status) {
   if (s->state == PX_S_CLOSED)
     return;
   if (status < 0) {
-    px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
-            (unsigned long long)s->id, s->peer, side->name,
-            uv_strerror(status));
-    px_session_close(s, side == &s->client ? "client write failed"
-                                           : "upstream write failed");
+    side_write_failed(side, status);
     return;
   }
   if (side->close_when_flushed && side->inflight == 0 && side->nout == 0) {
@@ -209,10 +214,7 @@ static void side_flush(px_side *side) {
   if (side->inflight == 0) {
     int rc = side_try_write(side);
     if (rc < 0) {
-      px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
-              (unsigned long long)s->id, s->peer, side->name, uv_strerror(rc));
-      px_session_close(s, side == &s->client ? "client write failed"
-                                             : "upstream write failed");
+      side_write_failed(side, rc);
       return;
     }
     if (side->nout == 0)
@@ -238,7 +240,7 @@ static void side_flush(px_side *side) {
     for (unsigned i = 0; i < w->n; i++)
       px_chunk_unref(w->chunks[i]);
     free(w);
-    px_session_close(s, "write failed");
+    side_write_failed(side, rc);
     return;
   }
   side->inflight += w->bytes;
