@@ -578,12 +578,10 @@ static void settle_chunk(px_side *side) {
     return;
   }
   if (c->len - c->off >= AMQP_FRAME_HEADER_SIZE) {
-    const uint8_t *p = c->data + c->off;
-    size_t size =
-        ((size_t)p[3] << 24 | (size_t)p[4] << 16 | (size_t)p[5] << 8 | p[6]) +
-        AMQP_FRAME_OVERHEAD;
-    if (size > (size_t)frame_limit(side->s) + AMQP_FRAME_OVERHEAD)
-      return; /* cannot be: the parser refuses it */
+    amqp_reader r = amqp_reader_make(c->data + c->off + 3, 4);
+    size_t size = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
+    if (size > frame_limit(side->s))
+      return; /* cannot be: the parser refuses it (frame-max bounds it) */
     if (size > c->cap - c->off && !side_relocate(side, size))
       px_session_close(side->s, "out of memory");
   }
