@@ -79,12 +79,11 @@ int main(int argc, char **argv) {
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
     ;
   if (uv_loop_close(&loop) != 0)
-    px_warn("exit", "%s", "reason=\"handles left open\"");
+    px_warn("exit_handles_open", PX_S("reason", "handles left open"));
   px_chunk_pool_drain();
   px_metrics_free(&srv);
   px_server_free(&srv);
   if (rc == 0)
-    px_info("exit", "sessions_total=%llu",
-            (unsigned long long)srv.stats.sessions_total);
+    px_info("exit", PX_U("sessions_total", srv.stats.sessions_total));
   return rc;
 }

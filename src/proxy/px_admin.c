@@ -182,9 +182,9 @@ static void on_conn_timer(uv_timer_t *t) {
   px_admin_conn *c = t->data;
   if (c->state == CONN_OPEN || c->state == CONN_FLUSHING) {
     c->admin->stats.timeouts++;
-    px_debug("admin_timeout", "peer=%s state=%s timeout_ms=%llu", c->peer,
-             state_names[c->state],
-             (unsigned long long)c->admin->limits.timeout_ms);
+    px_debug("admin_timeout", PX_S("peer", c->peer),
+             PX_S("state", state_names[c->state]),
+             PX_U("timeout_ms", c->admin->limits.timeout_ms));
   }
   conn_close(c);
 }
@@ -228,8 +228,8 @@ static void on_write(uv_write_t *req, int status) {
   if (c->state == CONN_CLOSED)
     return;
   if (status < 0) {
-    px_debug("admin_write_failed", "peer=%s error=\"%s\"", c->peer,
-             uv_strerror(status));
+    px_debug("admin_write_failed", PX_S("peer", c->peer),
+             PX_S("error", uv_strerror(status)));
     conn_close(c);
     return;
   }
@@ -393,9 +393,9 @@ static void conn_parse_error(px_admin_conn *c, llhttp_errno_t err) {
   int status = c->error_status ? c->error_status : 400;
   px_admin *a = c->admin;
   a->stats.errors++;
-  px_debug("admin_bad_request", "peer=%s status=%d error=%s reason=\"%s\"",
-           c->peer, status, llhttp_errno_name(err),
-           llhttp_get_error_reason(&c->parser));
+  px_debug("admin_bad_request", PX_S("peer", c->peer), PX_I("status", status),
+           PX_S("error", llhttp_errno_name(err)),
+           PX_S("reason", llhttp_get_error_reason(&c->parser)));
   conn_send_error(c, status, status_reason(status));
   conn_finish(c);
 }
@@ -502,14 +502,14 @@ static int on_message_complete(llhttp_t *p) {
   c->url[strcspn(c->url, "?#")] = '\0';
   a->route(a->ctx, method, c->url, &r);
   a->stats.requests++;
-  char q[128];
-  px_log_quote(q, sizeof q, c->url, SIZE_MAX);
   if (!resp_valid(&r))
-    px_warn("admin_response_failed", "peer=%s path=%s status=%d failed=%d",
-            c->peer, q, r.status, (int)r.failed);
+    px_warn("admin_response_failed", PX_S("peer", c->peer),
+            PX_S("path", c->url), PX_I("status", r.status),
+            PX_BOOL("failed", r.failed));
   else
-    px_debug("admin_request", "peer=%s method=%s path=%s status=%d bytes=%zu",
-             c->peer, head ? "HEAD" : method, q, r.status, r.len);
+    px_debug("admin_request", PX_S("peer", c->peer),
+             PX_S("method", head ? "HEAD" : method), PX_S("path", c->url),
+             PX_I("status", r.status), PX_U("bytes", r.len));
   conn_send(c, &r, head, c->keep_alive);
   conn_arm(c, a->limits.timeout_ms);
   return HPE_PAUSED; /* conn_feed decides what comes next */
@@ -571,8 +571,8 @@ static void on_conn_closed(uv_handle_t *h) {
   free(c->stash);
   free(c);
   if (a->refusing && a->nconns < a->limits.max_conns) {
-    px_info("admin_conn_refused_end", "address=%s refused=%llu", a->addr,
-            (unsigned long long)a->burst_refused);
+    px_info("admin_conn_refused_end", PX_S("address", a->addr),
+            PX_U("refused", a->burst_refused));
     a->refusing = false;
   }
   admin_check_done(a);
@@ -599,8 +599,8 @@ static void admin_refuse(px_admin *a) {
   uv_tcp_t *t = malloc(sizeof *t);
   if (!t || uv_tcp_init(a->loop, t) != 0) {
     free(t);
-    px_warn("admin_accept_failed", "address=%s error=\"out of memory\"",
-            a->addr);
+    px_warn("admin_refuse_failed", PX_S("address", a->addr),
+            PX_S("error", "out of memory"));
     return;
   }
   t->data = a;
@@ -611,8 +611,8 @@ static void admin_refuse(px_admin *a) {
   if (!a->refusing) {
     a->refusing = true;
     a->burst_refused = 0;
-    px_warn("admin_conn_refused", "address=%s max_conns=%u", a->addr,
-            a->limits.max_conns);
+    px_warn("admin_conn_refused", PX_S("address", a->addr),
+            PX_U("max_conns", a->limits.max_conns));
   }
   a->burst_refused++;
 }
@@ -622,8 +622,8 @@ static void conn_start(px_admin *a, px_admin_conn *c) {
   int len = sizeof ss;
   int rc = uv_accept((uv_stream_t *)&a->listener, (uv_stream_t *)&c->tcp);
   if (rc < 0) {
-    px_warn("admin_accept_failed", "address=%s error=\"%s\"", a->addr,
-            uv_strerror(rc));
+    px_warn("admin_conn_accept_failed", PX_S("address", a->addr),
+            PX_S("error", uv_strerror(rc)));
     conn_close(c);
     return;
   }
@@ -642,8 +642,8 @@ static void conn_start(px_admin *a, px_admin_conn *c) {
 static void on_connection(uv_stream_t *listener, int status) {
   px_admin *a = listener->data;
   if (status < 0) {
-    px_warn("admin_accept_failed", "address=%s error=\"%s\"", a->addr,
-            uv_strerror(status));
+    px_warn("admin_accept_failed", PX_S("address", a->addr),
+            PX_S("error", uv_strerror(status)));
     return;
   }
   if (a->nconns >= a->limits.max_conns) {
@@ -718,17 +718,17 @@ int px_admin_start(px_admin *a, uv_loop_t *loop, const char *host,
   memset(&ss, 0, sizeof ss);
   if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
       uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0) {
-    px_error("admin_listen_failed",
-             "address=%s error=\"not a numeric IP address\"", a->addr);
+    px_error("admin_address_invalid", PX_S("address", a->addr),
+             PX_S("error", "not a numeric IP address"));
     return UV_EINVAL;
   }
   rc = admin_listen(a, &ss);
   if (rc < 0) {
-    px_error("admin_listen_failed", "address=%s error=\"%s\"", a->addr,
-             uv_strerror(rc));
+    px_error("admin_listen_failed", PX_S("address", a->addr),
+             PX_S("error", uv_strerror(rc)));
     return rc;
   }
-  px_info("admin_listening", "address=%s", a->addr);
+  px_info("admin_listening", PX_S("address", a->addr));
   return 0;
 }
 

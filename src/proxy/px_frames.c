@@ -43,8 +43,8 @@ static uint16_t find_free_up(const px_session *s) {
 static int client_error(px_session *s, uint16_t code, const char *text,
                         uint32_t id) {
   s->srv->stats.protocol_errors++;
-  px_warn("protocol_error", "id=%llu peer=%s side=client code=%u error=\"%s\"",
-          (unsigned long long)s->id, s->peer, (unsigned)code, text);
+  px_warn("protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("side", "client"), PX_U("code", code), PX_S("error", text));
   px__close_client(s, code, text, AMQP_METHOD_CLASS(id), AMQP_METHOD_INDEX(id));
   return PX_STOP;
 }
@@ -93,9 +93,8 @@ static void own_handover(px_session *s) {
   s->yield_waiter = 0;
   s->srv->stats.own_channel_yields++;
   release_own_waiters(s); /* no channel of rebound's: requeues pass */
-  px_info("own_channel_yielded",
-          "id=%llu peer=%s channel=%u reason=\"client opened every channel\"",
-          (unsigned long long)s->id, s->peer, (unsigned)n);
+  px_info("own_channel_yielded", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", n), PX_S("reason", "client opened every channel"));
   if (!c)
     return;
   c->up_ch = n;
@@ -122,8 +121,8 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     return PX_DROP; /* content of a basic.return to rebound */
   int rc = amqp_method_decode(f->payload, &m);
   if (rc != AMQP_OK) {
-    px_warn("own_channel_bad_frame", "id=%llu error=\"%s\"",
-            (unsigned long long)s->id, amqp_status_str(rc));
+    px_warn("own_channel_bad_frame", PX_U("id", s->id),
+            PX_S("error", amqp_status_str(rc)));
     return PX_DROP;
   }
   switch (m.id) {
@@ -135,8 +134,8 @@ static int own_frame(px_session *s, const amqp_frame *f) {
   case AMQP_CONFIRM_SELECT_OK:
     s->own_state = PX_OWN_READY;
     s->own_failures = 0;
-    px_debug("own_channel_ready", "id=%llu channel=%u",
-             (unsigned long long)s->id, (unsigned)s->own_ch);
+    px_debug("own_channel_ready", PX_U("id", s->id),
+             PX_U("channel", s->own_ch));
     release_own_waiters(s);
     if (s->yield_requested && s->nops == 0)
       own_yield_now(s);
@@ -154,12 +153,11 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     break;
   case AMQP_CHANNEL_CLOSE: {
     amqp_bytes text = m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
-    char q[300];
     s->srv->stats.own_channel_errors++;
-    px_warn("own_channel_closed", "id=%llu peer=%s channel=%u code=%u text=%s",
-            (unsigned long long)s->id, s->peer, (unsigned)s->own_ch,
-            (unsigned)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
-            px_log_quote(q, sizeof q, (const char *)text.ptr, text.len));
+    px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_U("channel", s->own_ch),
+            PX_U("code", m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u),
+            PX_B("text", text.ptr, text.len));
     bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
     s->own_state = PX_OWN_NONE; /* no new copies while they fall back */
     px__retry_own_lost(s, (uint16_t)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
@@ -241,9 +239,8 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     if (up != ch) {
       s->srv->stats.channel_remaps++;
       px__set_channel(raw, up);
-      px_debug("channel_mapped",
-               "id=%llu client_channel=%u upstream_channel=%u",
-               (unsigned long long)s->id, (unsigned)ch, (unsigned)up);
+      px_debug("channel_mapped", PX_U("id", s->id), PX_U("client_channel", ch),
+               PX_U("upstream_channel", up));
     }
     return PX_FORWARD;
   }
@@ -346,8 +343,8 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
   }
   case AMQP_CONNECTION_CLOSE:
     if (s->nops > 0) { /* the acks of the copies in flight go first */
-      px_info("client_close_waits", "id=%llu peer=%s pending=%u",
-              (unsigned long long)s->id, s->peer, (unsigned)s->nops);
+      px_info("client_close_waits", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_U("pending", s->nops));
       return PX_HOLD_CONN;
     }
     px__set_state(s, PX_S_CLOSING);
@@ -533,16 +530,11 @@ void px__retry_idle(px_session *s) {
  */
 
 static void log_open(px_session *s) {
-  char user[160], vhost[160];
-  const char *addr = s->upstream_addr;
-  px_info("session_open",
-          "id=%llu peer=%s user=%s vhost=%s upstream=%s channel_max=%u "
-          "frame_max=%u heartbeat=%u",
-          (unsigned long long)s->id, s->peer,
-          px_log_quote(user, sizeof user, s->user, SIZE_MAX),
-          px_log_quote(vhost, sizeof vhost, s->vhost, SIZE_MAX), addr,
-          (unsigned)s->channel_max, (unsigned)s->frame_max,
-          (unsigned)s->heartbeat);
+  px_info("session_open", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("user", s->user), PX_S("vhost", s->vhost),
+          PX_S("upstream", s->upstream_addr),
+          PX_U("channel_max", s->channel_max), PX_U("frame_max", s->frame_max),
+          PX_U("heartbeat", s->heartbeat));
 }
 
 static int upstream_connection_method(px_session *s, const amqp_frame *f,
@@ -567,11 +559,9 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
   case AMQP_CONNECTION_CLOSE:
     if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
       amqp_bytes t = m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b;
-      char q[300];
-      px_info("broker_close", "id=%llu peer=%s code=%u text=%s",
-              (unsigned long long)s->id, s->peer,
-              (unsigned)m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u,
-              px_log_quote(q, sizeof q, (const char *)t.ptr, t.len));
+      px_info("broker_close", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_U("code", m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u),
+              PX_B("text", t.ptr, t.len));
     }
     px__set_state(s, PX_S_CLOSING);
     break;

@@ -1,21 +1,30 @@
+/* px_log.c - typed key/value log lines, escaped at one place (px_log.h). */
 #include "px_log.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
 
+#define LINE_MAX_BYTES 8192
+/* Room kept at the end of a line for the closing bytes and the marker of
+ * dropped fields. */
+#define LINE_RESERVE 32
+
 static px_log_level min_level = PX_LOG_INFO;
 static px_log_format format = PX_LOG_TEXT;
+static const char *const names[] = {"debug", "info", "warn", "error"};
 
 void px_log_set_format(px_log_format f) {
   format = f;
 }
-static const char *const names[] = {"debug", "info", "warn", "error"};
 
 void px_log_set_level(px_log_level level) {
   min_level = level;
+}
+
+bool px_log_enabled(px_log_level level) {
+  return level >= min_level;
 }
 
 int px_log_level_parse(const char *s, px_log_level *out) {
@@ -27,100 +36,193 @@ int px_log_level_parse(const char *s, px_log_level *out) {
   return -1;
 }
 
-char *px_log_quote(char *out, size_t cap, const char *s, size_t len) {
-  size_t o = 0;
-  if (cap < 3) {
-    if (cap)
-      out[0] = '\0';
-    return out;
+/* ---- an output buffer that never overflows ------------------------------ */
+
+typedef struct out {
+  char *p;
+  size_t len, cap;
+  bool full;
+} out;
+
+static void put(out *o, const char *s, size_t n) {
+  if (o->full || n > o->cap - o->len) {
+    o->full = true;
+    return;
   }
-  out[o++] = '"';
-  for (size_t i = 0; s && i < len && s[i]; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    char esc[5];
-    int n;
-    if (ch == '"' || ch == '\\')
-      n = snprintf(esc, sizeof esc, "\\%c", ch);
-    else if (ch < 0x20 || ch == 0x7f)
-      n = snprintf(esc, sizeof esc, "\\x%02x", ch);
-    else
-      n = snprintf(esc, sizeof esc, "%c", ch);
-    if (o + (size_t)n + 2 > cap)
-      break;
-    memcpy(out + o, esc, (size_t)n);
-    o += (size_t)n;
-  }
-  out[o++] = '"';
-  out[o] = '\0';
-  return out;
+  memcpy(o->p + o->len, s, n);
+  o->len += n;
 }
 
-/* Append `s` (n bytes) as a JSON string body (no quotes). */
-static size_t json_str(char *out, size_t o, size_t cap, const char *s,
-                       size_t n) {
-  for (size_t i = 0; i < n && o + 8 < cap; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch == '"' || ch == '\\')
-      o += (size_t)snprintf(out + o, cap - o, "\\%c", ch);
-    else if (ch < 0x20)
-      o += (size_t)snprintf(out + o, cap - o, "\\u%04x", ch);
-    else
-      out[o++] = (char)ch;
-  }
-  return o;
+static void puts_(out *o, const char *s) {
+  put(o, s, strlen(s));
 }
 
-/* Turn the logfmt pairs of `kv` into JSON members: `key=value` or
- * `key="quoted \"value\""`; every value becomes a JSON string. */
-static size_t json_pairs(char *out, size_t o, size_t cap, const char *kv) {
-  const char *p = kv;
-  while (*p && o + 16 < cap) {
-    while (*p == ' ')
-      p++;
-    const char *eq = strchr(p, '=');
-    if (!*p || !eq)
-      break;
-    out[o++] = ',';
-    out[o++] = '"';
-    o = json_str(out, o, cap, p, (size_t)(eq - p));
-    o += (size_t)snprintf(out + o, cap - o, "\":\"");
-    p = eq + 1;
-    if (*p == '"') {
-      char val[1024];
-      size_t v = 0;
-      for (p++; *p && *p != '"' && v < sizeof val - 1; p++) {
-        if (*p == '\\' && p[1] == 'x' && p[2] && p[3]) {
-          unsigned x;
-          if (sscanf(p + 2, "%2x", &x) == 1)
-            val[v++] = (char)x;
-          p += 3;
-        } else if (*p == '\\' && p[1]) {
-          val[v++] = *++p;
-        } else {
-          val[v++] = *p;
-        }
-      }
-      if (*p == '"')
-        p++;
-      o = json_str(out, o, cap, val, v);
+/* ---- strings ----------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at p (n bytes left), 0 if invalid. */
+static size_t utf8_len(const unsigned char *p, size_t n) {
+  unsigned c = p[0];
+  size_t len = c < 0x80                 ? 1
+               : c >= 0xc2 && c <= 0xdf ? 2
+               : c >= 0xe0 && c <= 0xef ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4
+                                        : 0;
+  if (len == 0 || len > n)
+    return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) ||
+      (c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] > 0x8f))
+    return 0; /* overlong, surrogate, or past U+10FFFF */
+  return len;
+}
+
+static bool bare_char(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || strchr("._:/@+-", c);
+}
+
+static bool text_bare(const unsigned char *s, size_t n) {
+  if (n == 0)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!s[i] || !bare_char(s[i]))
+      return false;
+  return true;
+}
+
+/* One byte sequence of a string value, escaped for `fmt`. */
+static size_t escape_one(px_log_format fmt, const unsigned char *s, size_t n,
+                         char *esc) {
+  unsigned char c = s[0];
+  size_t u = utf8_len(s, n);
+  if (c == '"' || c == '\\')
+    return (size_t)sprintf(esc, "\\%c", c);
+  if (c == '\n' || c == '\r' || c == '\t')
+    return (size_t)sprintf(esc, "\\%c",
+                           c == '\n'   ? 'n'
+                           : c == '\r' ? 'r'
+                                       : 't');
+  if (u == 0)
+    return fmt == PX_LOG_JSON ? (size_t)sprintf(esc, "\\ufffd")
+                              : (size_t)sprintf(esc, "\\x%02x", c);
+  if (c < 0x20 || (c == 0x7f && fmt == PX_LOG_TEXT))
+    return fmt == PX_LOG_JSON ? (size_t)sprintf(esc, "\\u%04x", c)
+                              : (size_t)sprintf(esc, "\\x%02x", c);
+  memcpy(esc, s, u);
+  return u;
+}
+
+/* Bytes of input the escape of s[0..] consumed. */
+static size_t consumed(const unsigned char *s, size_t n) {
+  size_t u = utf8_len(s, n);
+  return u ? u : 1;
+}
+
+static void put_string(out *o, px_log_format fmt, const char *str, size_t n) {
+  const unsigned char *s = (const unsigned char *)(str ? str : "");
+  bool cut = n > PX_LOG_VALUE_MAX;
+  if (cut)
+    n = PX_LOG_VALUE_MAX;
+  if (fmt == PX_LOG_TEXT && !cut && text_bare(s, n)) {
+    put(o, (const char *)s, n);
+    return;
+  }
+  put(o, "\"", 1);
+  for (size_t i = 0; i < n;) {
+    char esc[8];
+    size_t k = escape_one(fmt, s + i, n - i, esc);
+    put(o, esc, k);
+    i += consumed(s + i, n - i);
+  }
+  if (cut)
+    put(o, "...", 3);
+  put(o, "\"", 1);
+}
+
+/* ---- fields ------------------------------------------------------------- */
+
+static void put_value(out *o, px_log_format fmt, const px_kv *kv) {
+  char num[40];
+  switch (kv->type) {
+  case PX_KV_STR:
+    put_string(o, fmt, kv->v.s, kv->v.s ? strlen(kv->v.s) : 0);
+    return;
+  case PX_KV_BYTES:
+    put_string(o, fmt, kv->v.s, kv->v.s ? kv->len : 0);
+    return;
+  case PX_KV_U64:
+    snprintf(num, sizeof num, "%llu", (unsigned long long)kv->v.u);
+    break;
+  case PX_KV_I64:
+    snprintf(num, sizeof num, "%lld", (long long)kv->v.i);
+    break;
+  case PX_KV_F64:
+    snprintf(num, sizeof num, "%.6g", kv->v.f == kv->v.f ? kv->v.f : 0.0);
+    break;
+  case PX_KV_BOOL:
+    snprintf(num, sizeof num, "%s", kv->v.u ? "true" : "false");
+    break;
+  }
+  puts_(o, num);
+}
+
+static void put_field(out *o, px_log_format fmt, const char *key,
+                      const px_kv *kv) {
+  if (fmt == PX_LOG_JSON) {
+    put(o, ",\"", 2);
+    puts_(o, key);
+    put(o, "\":", 2);
+  } else {
+    put(o, " ", 1);
+    puts_(o, key);
+    put(o, "=", 1);
+  }
+  put_value(o, fmt, kv);
+}
+
+size_t px_log_format_line(char *buf, size_t cap, px_log_format fmt,
+                          const char *ts, px_log_level level, const char *msg,
+                          const px_kv *kv, size_t n) {
+  out o = {buf, 0, cap > LINE_RESERVE ? cap - LINE_RESERVE : 0, false};
+  const px_kv head[] = {PX_S("ts", ts), PX_S("level", names[level]),
+                        PX_S("msg", msg)};
+  bool dropped = false;
+  put(&o, fmt == PX_LOG_JSON ? "{" : "", fmt == PX_LOG_JSON);
+  for (size_t i = 0; i < 3 + n && !dropped; i++) {
+    const px_kv *f = i < 3 ? &head[i] : &kv[i - 3];
+    size_t mark = o.len;
+    if (i == 0 && fmt == PX_LOG_JSON) {
+      put(&o, "\"ts\":", 5);
+      put_value(&o, fmt, f);
+    } else if (i == 0) {
+      put(&o, "ts=", 3);
+      put_value(&o, fmt, f);
     } else {
-      const char *end = strchr(p, ' ');
-      size_t n = end ? (size_t)(end - p) : strlen(p);
-      o = json_str(out, o, cap, p, n);
-      p += n;
+      put_field(&o, fmt, f->key, f);
     }
-    if (o + 2 < cap)
-      out[o++] = '"';
+    if (o.full) { /* the field does not fit: end the line without it */
+      o.len = mark;
+      o.full = false;
+      dropped = true;
+    }
   }
-  return o;
+  o.cap = cap; /* the reserve is for what follows */
+  if (dropped) {
+    const px_kv t = PX_BOOL("truncated", true);
+    put_field(&o, fmt, "truncated", &t);
+  }
+  if (fmt == PX_LOG_JSON)
+    put(&o, "}", 1);
+  put(&o, "\n", 1);
+  return o.len;
 }
 
-void px_log(px_log_level level, const char *msg, const char *fmt, ...) {
-  char kv[1024], line[2048], ts[40];
+void px_log_kv(px_log_level level, const char *msg, const px_kv *kv, size_t n) {
+  char line[LINE_MAX_BYTES], ts[40];
   struct timeval tv;
   struct tm tm;
-  size_t n = 0;
-  va_list ap;
 
   if (level < min_level)
     return;
@@ -128,24 +230,7 @@ void px_log(px_log_level level, const char *msg, const char *fmt, ...) {
   gmtime_r(&tv.tv_sec, &tm);
   size_t t = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(ts + t, sizeof ts - t, ".%03dZ", (int)(tv.tv_usec / 1000));
-  kv[0] = '\0';
-  if (fmt && *fmt) {
-    va_start(ap, fmt);
-    vsnprintf(kv, sizeof kv, fmt, ap);
-    va_end(ap);
-  }
-  if (format == PX_LOG_JSON) {
-    n = (size_t)snprintf(line, sizeof line,
-                         "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"", ts,
-                         names[level], msg);
-    n = json_pairs(line, n, sizeof line - 2, kv);
-    line[n++] = '}';
-  } else {
-    n = (size_t)snprintf(line, sizeof line, "ts=%s level=%s msg=%s%s%s", ts,
-                         names[level], msg, kv[0] ? " " : "", kv);
-    if (n > sizeof line - 2)
-      n = sizeof line - 2;
-  }
-  line[n++] = '\n';
-  fwrite(line, 1, n, stderr);
+  size_t len =
+      px_log_format_line(line, sizeof line, format, ts, level, msg, kv, n);
+  fwrite(line, 1, len, stderr);
 }

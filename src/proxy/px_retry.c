@@ -266,8 +266,8 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
-    px_debug("retry_pass", "id=%llu queue=\"%s\" reason=\"%s\"",
-             (unsigned long long)s->id, q, retry_pass_reason_str(plan.reason));
+    px_debug("retry_pass", PX_U("id", s->id), PX_S("queue", q),
+             PX_S("reason", retry_pass_reason_str(plan.reason)));
     return false;
   }
   if (in_list(s->broken, s->nbroken, plan.target)) {
@@ -370,34 +370,33 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   uint64_t us = now_us() - op->started_us;
 
   if (!c || c->gen != op->gen || c->state == PX_CH_SERVER_CLOSED) {
-    px_info("retry_abandoned",
-            "id=%llu peer=%s channel=%u delivery_tag=%llu "
-            "reason=\"channel closed; the broker requeued the delivery\"",
-            (unsigned long long)s->id, s->peer, (unsigned)op->client_ch,
-            (unsigned long long)op->tag);
+    px_info("retry_abandoned", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+            PX_S("reason", "channel closed; the broker requeued the delivery"));
     return;
   }
   if (ok) {
     emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
-    if (op->dead_letter)
-      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, "max-attempts");
-    else
-      px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
-    px_debug(op->dead_letter ? "dead_lettered" : "retry_published",
-             "id=%llu channel=%u delivery_tag=%llu target=\"%s\" "
-             "latency_us=%llu",
-             (unsigned long long)s->id, (unsigned)op->client_ch,
-             (unsigned long long)op->tag, op->target, (unsigned long long)us);
+    if (op->dead_letter) {
+      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, "max-attempts");
+      px_debug("dead_lettered", PX_U("id", s->id),
+               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+               PX_S("target", op->target), PX_U("latency_us", us));
+    } else {
+      px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
+      px_debug("retry_published", PX_U("id", s->id),
+               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+               PX_S("target", op->target), PX_U("latency_us", us));
+    }
   } else {
     emit_settle(s, c, op->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
                 op->tag, true);
     px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
-    px_warn("retry_fallback",
-            "id=%llu peer=%s channel=%u delivery_tag=%llu target=\"%s\" "
-            "reason=\"%s\" action=\"requeued by the broker\"",
-            (unsigned long long)s->id, s->peer, (unsigned)op->client_ch,
-            (unsigned long long)op->tag, op->target, why);
+    px_warn("retry_fallback", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+            PX_S("target", op->target), PX_S("reason", why),
+            PX_S("action", "requeued by the broker"));
   }
   px__track_settle(s, c, op->tag, false);
   if (c->track.retries_pending && --c->track.retries_pending == 0)
@@ -477,11 +476,11 @@ void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
       q[end - name] = '\0';
       list_add(&s->broken, &s->nbroken, q);
       s->srv->stats.topology_errors++;
-      px_error("retry_topology_error",
-               "id=%llu peer=%s queue=\"%s\" code=%u note=\"requeues of its "
-               "source pass through on this connection; fix or delete the "
-               "queue, or pre-declare it with the arguments rebound uses\"",
-               (unsigned long long)s->id, s->peer, q, (unsigned)code);
+      px_error("retry_topology_error", PX_U("id", s->id), PX_S("peer", s->peer),
+               PX_S("queue", q), PX_U("code", code),
+               PX_S("note", "requeues of its source pass through on this "
+                            "connection; fix or delete the queue, or "
+                            "pre-declare it with the arguments rebound uses"));
     }
   }
   list_free(&s->declared, &s->ndeclared);

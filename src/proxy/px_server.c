@@ -14,12 +14,12 @@
 static void on_connection(uv_stream_t *listener, int status) {
   px_server *srv = listener->data;
   if (status < 0) {
-    px_warn("accept_failed", "error=\"%s\"", uv_strerror(status));
+    px_warn("accept_failed", PX_S("error", uv_strerror(status)));
     return;
   }
   int rc = px_session_accept(srv, listener);
   if (rc < 0)
-    px_warn("accept_failed", "error=\"%s\"", uv_strerror(rc));
+    px_warn("session_accept_failed", PX_S("error", uv_strerror(rc)));
 }
 
 static void stop_loop_if_done(px_server *srv) {
@@ -39,8 +39,8 @@ static void on_drain_timeout(uv_timer_t *t) {
   unsigned n = 0;
   for (px_session *s = srv->sessions; s; s = s->next)
     n++;
-  px_warn("drain_timeout", "sessions_left=%u timeout_ms=%u", n,
-          (unsigned)srv->cfg->drain_timeout_ms);
+  px_warn("drain_timeout", PX_U("sessions_left", n),
+          PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
   while (srv->sessions)
     px_session_close(srv->sessions, "drain timeout");
   px_server_stop(srv);
@@ -65,8 +65,8 @@ static void on_probe_connect(uv_connect_t *req, int status) {
     srv->upstream_err[0] = '\0';
   } else if (srv->probe_idx + 1 >= srv->cfg->n_upstreams) {
     if (srv->upstream_ok)
-      px_warn("upstream_unreachable", "probe=%s error=\"%s\"", addr,
-              uv_strerror(status));
+      px_warn("readiness_probe_failed", PX_S("upstream", addr),
+              PX_S("error", uv_strerror(status)));
     srv->upstream_ok = false;
     snprintf(srv->upstream_err, sizeof srv->upstream_err,
              "no upstream reachable (last: %s: %s)", addr, uv_strerror(status));
@@ -160,14 +160,14 @@ static void on_listener_closed(uv_handle_t *h);
 static void on_signal(uv_signal_t *sig, int signum) {
   px_server *srv = sig->data;
   if (srv->draining) {
-    px_info("signal", "signal=%d action=ignored reason=\"already draining\"",
-            signum);
+    px_info("signal_ignored", PX_I("signal", signum),
+            PX_S("reason", "already draining"));
     return;
   }
   srv->draining = true;
-  px_info("shutdown", "signal=%d sessions=%llu drain_timeout_ms=%u", signum,
-          (unsigned long long)srv->stats.sessions_current,
-          (unsigned)srv->cfg->drain_timeout_ms);
+  px_info("shutdown", PX_I("signal", signum),
+          PX_U("sessions", srv->stats.sessions_current),
+          PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
   uv_close((uv_handle_t *)srv->listener, on_listener_closed);
   srv->listener = NULL;
   for (px_session *s = srv->sessions, *next; s; s = next) {
@@ -192,14 +192,14 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a) {
   px_addr_format(a, addr, sizeof addr);
   if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
       uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
-    px_error("listen_failed", "address=%s error=\"not a numeric IP address\"",
-             addr);
+    px_error("listen_failed", PX_S("address", addr),
+             PX_S("error", "not a numeric IP address"));
     return NULL;
   }
   uv_tcp_t *l = malloc(sizeof *l);
   if (!l || (rc = uv_tcp_init(srv->loop, l)) != 0) {
-    px_error("listen_failed", "address=%s error=\"%s\"", addr,
-             l ? uv_strerror(rc) : "out of memory");
+    px_error("listen_init_failed", PX_S("address", addr),
+             PX_S("error", l ? uv_strerror(rc) : "out of memory"));
     free(l);
     return NULL;
   }
@@ -208,11 +208,12 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a) {
   if (rc == 0)
     rc = uv_listen((uv_stream_t *)l, 1024, on_connection);
   if (rc < 0) {
-    px_error("listen_failed", "address=%s error=\"%s\"", addr, uv_strerror(rc));
+    px_error("listen_bind_failed", PX_S("address", addr),
+             PX_S("error", uv_strerror(rc)));
     uv_close((uv_handle_t *)l, on_listener_closed);
     return NULL;
   }
-  px_info("listening", "address=%s", addr);
+  px_info("listening", PX_S("address", addr));
   return l;
 }
 
@@ -224,18 +225,17 @@ static bool same_addr(const px_addr *a, const px_addr *b) {
  * flight finish as they are), new listener and upstreams for new
  * connections; an invalid config keeps the old one. */
 static void reload(px_server *srv) {
-  char err[512], q[600];
+  char err[512];
   px_config *next = malloc(sizeof *next);
   if (!next || srv->nretired == sizeof srv->retired / sizeof srv->retired[0]) {
-    px_error("config_reload_failed", "error=\"%s\"",
-             next ? "too many reloads; restart rebound" : "out of memory");
+    px_error("config_reload_no_memory", PX_S("error", "out of memory"));
     free(next);
     return;
   }
   if (px_config_load(next, srv->argc, srv->argv, srv->env, err, sizeof err) !=
       PX_CONFIG_OK) {
-    px_error("config_reload_failed", "error=%s kept=\"the running config\"",
-             px_log_quote(q, sizeof q, err, SIZE_MAX));
+    px_error("config_reload_failed", PX_S("error", err),
+             PX_S("kept", "the running config"));
     free(next);
     return;
   }
@@ -251,8 +251,9 @@ static void reload(px_server *srv) {
   }
   if (next->admin_on != old->admin_on ||
       (next->admin_on && !same_addr(&next->admin, &old->admin))) {
-    px_warn("config_reload", "%s",
-            "note=\"a new admin address takes a restart; the old one stays\"");
+    px_warn("config_reload_admin_kept",
+            PX_S("note", "a new admin address takes a restart; the old one "
+                         "stays"));
     next->admin_on = old->admin_on;
     next->admin = old->admin;
   }
@@ -261,17 +262,16 @@ static void reload(px_server *srv) {
   srv->retired[srv->nretired++] = (px_config *)old;
   srv->cfg = next;
   srv->cfg_gen++;
-  px_info("config_reloaded", "generation=%u policies=%u upstreams=%u",
-          (unsigned)srv->cfg_gen, (unsigned)next->retry.nrules,
-          (unsigned)next->n_upstreams);
+  px_info("config_reloaded", PX_U("generation", srv->cfg_gen),
+          PX_U("policies", next->retry.nrules),
+          PX_U("upstreams", next->n_upstreams));
 }
 
 static void on_sighup(uv_signal_t *sig, int signum) {
   px_server *srv = sig->data;
-  (void)signum;
   if (!srv->argv) {
-    px_warn("signal", "%s",
-            "signal=1 action=ignored reason=\"reload not enabled\"");
+    px_warn("reload_not_enabled", PX_I("signal", signum),
+            PX_S("action", "ignored"));
     return;
   }
   if (!srv->draining)

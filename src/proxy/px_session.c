@@ -51,9 +51,9 @@ static px_side *other_side(px_session *s, px_side *side) {
 }
 
 void px__set_state(px_session *s, px_state state) {
-  px_debug("session_state", "id=%llu peer=%s from=%s to=%s",
-           (unsigned long long)s->id, s->peer, px_state_name(s->state),
-           px_state_name(state));
+  px_debug("session_state", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("from", px_state_name(s->state)),
+           PX_S("to", px_state_name(state)));
   s->state = state;
 }
 
@@ -101,17 +101,12 @@ void px_session_close(px_session *s, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
   uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
-  char user[160], vhost[160], why[160];
-  px_info("session_close",
-          "id=%llu peer=%s user=%s vhost=%s state=%s duration_ms=%llu "
-          "bytes_from_client=%llu bytes_to_client=%llu reason=%s",
-          (unsigned long long)s->id, s->peer,
-          px_log_quote(user, sizeof user, s->user, SIZE_MAX),
-          px_log_quote(vhost, sizeof vhost, s->vhost, SIZE_MAX),
-          px_state_name(s->state), (unsigned long long)ms,
-          (unsigned long long)s->client.bytes_in,
-          (unsigned long long)s->client.bytes_out,
-          px_log_quote(why, sizeof why, s->close_reason, SIZE_MAX));
+  px_info("session_close", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("user", s->user), PX_S("vhost", s->vhost),
+          PX_S("state", px_state_name(s->state)), PX_U("duration_ms", ms),
+          PX_U("bytes_from_client", s->client.bytes_in),
+          PX_U("bytes_to_client", s->client.bytes_out),
+          PX_S("reason", s->close_reason));
   px_metrics_inc(s->srv, PX_M_CLOSES, s->close_reason, NULL);
   px__set_state(s, PX_S_CLOSED);
   uv_timer_stop(&s->timer);
@@ -148,8 +143,8 @@ static void side_resume(px_side *side);
 /* A write to `side` failed (at once or later): log and close. */
 static void side_write_failed(px_side *side, int err) {
   px_session *s = side->s;
-  px_warn("write_failed", "id=%llu peer=%s side=%s error=\"%s\"",
-          (unsigned long long)s->id, s->peer, side->name, uv_strerror(err));
+  px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("side", side->name), PX_S("error", uv_strerror(err)));
   px_session_close(s, side == &s->client ? "client write failed"
                                          : "upstream write failed");
 }
@@ -319,9 +314,9 @@ void px__emit_method(px_session *s, px_side *side, uint16_t ch,
   uint8_t buf[1024];
   long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
   if (n < 0) {
-    px_error("encode_failed", "id=%llu method=%s error=%s",
-             (unsigned long long)s->id, m->desc ? m->desc->name : "?",
-             amqp_status_str((int)n));
+    px_error("encode_failed", PX_U("id", s->id),
+             PX_S("method", m->desc ? m->desc->name : "?"),
+             PX_S("error", amqp_status_str((int)n)));
     return;
   }
   px__emit(s, side, buf, (size_t)n);
@@ -447,12 +442,11 @@ static int check_client_header(px_session *s, px_chunk *c) {
   if (rc == AMQP_PARTIAL)
     return 0;
   if (rc < 0) {
-    char what[64], q[160];
+    char what[64];
     amqp_protocol_header_describe(c->data + c->off, c->len - c->off, what,
                                   sizeof what);
-    px_warn("bad_protocol_header", "id=%llu peer=%s sent=%s",
-            (unsigned long long)s->id, s->peer,
-            px_log_quote(q, sizeof q, what, SIZE_MAX));
+    px_warn("bad_protocol_header", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_S("sent", what));
     s->srv->stats.protocol_errors++;
     c->off = c->len; /* answered once; nothing more is read from it */
     s->proxy_closing = true;
@@ -479,9 +473,9 @@ static uint32_t frame_limit(const px_session *s) {
 static void input_error(px_session *s, px_side *from, long status) {
   const char *text = amqp_status_str((int)status);
   s->srv->stats.protocol_errors++;
-  px_warn("protocol_error", "id=%llu peer=%s side=%s state=%s error=\"%s\"",
-          (unsigned long long)s->id, s->peer, from->name,
-          px_state_name(s->state), text);
+  px_warn("frame_error", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("side", from->name), PX_S("state", px_state_name(s->state)),
+          PX_S("error", text));
   if (from == &s->upstream) {
     px__close_client(s, 541, "INTERNAL_ERROR - malformed frame from broker", 0,
                      0);
@@ -596,10 +590,9 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
       !s->client_gone) {
     /* finish the copies in flight (publish, confirm, ack) first */
     s->client_gone = true;
-    px_info("client_gone_retries_pending",
-            "id=%llu peer=%s pending=%u timeout_ms=%u",
-            (unsigned long long)s->id, s->peer, (unsigned)s->nops,
-            (unsigned)s->srv->cfg->retry_finish_timeout_ms);
+    px_info("client_gone_retries_pending", PX_U("id", s->id),
+            PX_S("peer", s->peer), PX_U("pending", s->nops),
+            PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
     s->close_reason = "client disconnected (retries pending timed out)";
     uv_timer_stop(&s->timer);
     uv_timer_start(&s->timer, on_close_wait_timeout,
@@ -608,8 +601,8 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   }
   if (side == &s->client) {
     if (!clean)
-      px_info("client_error", "id=%llu peer=%s error=\"%s\"",
-              (unsigned long long)s->id, s->peer, uv_strerror((int)err));
+      px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_S("error", uv_strerror((int)err)));
     px__close_after_flush(s, &s->upstream,
                           s->state == PX_S_CLOSING ? "client closed"
                                                    : "client disconnected");
@@ -622,9 +615,9 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
                                                    : "broker disconnected");
     return;
   }
-  px_warn("upstream_lost", "id=%llu peer=%s error=\"%s\"",
-          (unsigned long long)s->id, s->peer,
-          clean ? "connection closed by broker" : uv_strerror((int)err));
+  px_warn("upstream_lost", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("error",
+               clean ? "connection closed by broker" : uv_strerror((int)err)));
   s->close_reason = "broker connection lost";
   px__close_client(s, 320, "CONNECTION_FORCED - broker connection lost", 0, 0);
 }
@@ -755,10 +748,8 @@ static void upstream_try_next(px_session *s) {
   struct sockaddr_storage ss;
 
   if (s->upstream_idx >= cfg->n_upstreams) {
-    char tried[512];
-    px_error("upstream_unreachable", "id=%llu peer=%s tried=%s",
-             (unsigned long long)s->id, s->peer,
-             px_log_quote(tried, sizeof tried, s->upstream_errors, SIZE_MAX));
+    px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
+             PX_S("tried", s->upstream_errors));
     px_session_close(s, "no upstream reachable");
     return;
   }
@@ -788,9 +779,9 @@ static void upstream_try_next(px_session *s) {
 
 static void on_handshake_timeout(uv_timer_t *t) {
   px_session *s = t->data;
-  px_warn("handshake_timeout", "id=%llu peer=%s state=%s timeout_ms=%u",
-          (unsigned long long)s->id, s->peer, px_state_name(s->state),
-          (unsigned)s->srv->cfg->handshake_timeout_ms);
+  px_warn("handshake_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("state", px_state_name(s->state)),
+          PX_U("timeout_ms", s->srv->cfg->handshake_timeout_ms));
   px_session_close(s, "handshake timeout");
 }
 
@@ -852,8 +843,7 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
   srv->sessions = s;
   srv->stats.sessions_total++;
   srv->stats.sessions_current++;
-  px_debug("session_accept", "id=%llu peer=%s", (unsigned long long)s->id,
-           s->peer);
+  px_debug("session_accept", PX_U("id", s->id), PX_S("peer", s->peer));
 
   uv_timer_start(&s->timer, on_handshake_timeout,
                  srv->cfg->handshake_timeout_ms, 0);

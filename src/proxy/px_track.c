@@ -50,11 +50,11 @@ static void uncache(px_session *s, px_delivery *d, const char *why) {
   s->srv->stats.uncached_deliveries++;
   if (!s->warned_uncached) {
     s->warned_uncached = true;
-    px_warn("delivery_not_cached",
-            "id=%llu peer=%s queue=\"%s\" reason=\"%s\" cache_bytes=%llu "
-            "note=\"its nack passes through; logged once per connection\"",
-            (unsigned long long)s->id, s->peer, d->names ? d->names : "", why,
-            (unsigned long long)s->cache_bytes);
+    px_warn("delivery_not_cached", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_S("queue", d->names), PX_S("reason", why),
+            PX_U("cache_bytes", s->cache_bytes),
+            PX_S("note", "its nack passes through; logged once per "
+                         "connection"));
   }
   free(d->names);
   free(d->content);

@@ -1,0 +1,117 @@
+/* px_status.c - the /v1/status document (px_metrics.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "px_admin.h"
+#include "px_metrics.h"
+#include "px_server.h"
+#include "px_session.h"
+#include "retry_policy.h"
+
+/* ---- /v1/status ------------------------------------------------------------
+ */
+
+static void json_string(px_admin_response *r, const char *s) {
+  px_admin_append(r, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      px_admin_printf(r, "\\%c", *p);
+    else if (*p < 0x20)
+      px_admin_printf(r, "\\u%04x", *p);
+    else
+      px_admin_append(r, p, 1);
+  }
+  px_admin_append(r, "\"", 1);
+}
+
+static void json_addr(px_admin_response *r, const px_addr *a) {
+  char buf[300];
+  json_string(r, px_addr_format(a, buf, sizeof buf));
+}
+
+static void status_config(px_server *srv, px_admin_response *r) {
+  const px_config *c = srv->cfg;
+  char d[16];
+  px_admin_printf(r, "\"config\":{\"listen\":");
+  json_addr(r, &c->listen);
+  px_admin_printf(r, ",\"upstreams\":[");
+  for (unsigned i = 0; i < c->n_upstreams; i++) {
+    if (i)
+      px_admin_append(r, ",", 1);
+    json_addr(r, &c->upstream[i]);
+  }
+  px_admin_printf(r, "],\"admin\":");
+  if (c->admin_on)
+    json_addr(r, &c->admin);
+  else
+    json_string(r, "off");
+  px_admin_printf(r,
+                  ",\"drain_timeout_ms\":%u,\"handshake_timeout_ms\":%u,"
+                  "\"cache_per_connection\":%llu,\"cache_total\":%llu,"
+                  "\"retry\":{\"header_prefix\":",
+                  (unsigned)c->drain_timeout_ms,
+                  (unsigned)c->handshake_timeout_ms,
+                  (unsigned long long)c->cache_per_connection,
+                  (unsigned long long)c->cache_total);
+  json_string(r, c->retry.header_prefix);
+  px_admin_printf(r, ",\"policies\":[");
+  for (unsigned i = 0; i < c->retry.nrules; i++) {
+    const retry_rule *rule = &c->retry.rules[i];
+    px_admin_printf(r, "%s{\"queues\":[", i ? "," : "");
+    for (unsigned g = 0; g < rule->nglobs; g++) {
+      if (g)
+        px_admin_append(r, ",", 1);
+      json_string(r, rule->globs[g]);
+    }
+    px_admin_printf(r, "],\"tiers\":[");
+    for (unsigned t = 0; t < rule->ntiers; t++) {
+      if (retry_delay_format(rule->tiers_ms[t], d, sizeof d) < 0)
+        snprintf(d, sizeof d, "%ums", (unsigned)rule->tiers_ms[t]);
+      px_admin_printf(r, "%s", t ? "," : "");
+      json_string(r, d);
+    }
+    px_admin_printf(r, "],\"max_attempts\":%u,\"dead_letter\":",
+                    (unsigned)rule->max_attempts);
+    json_string(r, rule->dead_letter);
+    px_admin_append(r, "}", 1);
+  }
+  px_admin_printf(r, "]}}");
+}
+
+void px_status_render(px_server *srv, px_admin_response *r) {
+  uint64_t now = uv_now(srv->loop);
+  unsigned pending = 0;
+  r->content_type = "application/json";
+  px_admin_printf(r,
+                  "{\"version\":\"%s\",\"uptime_seconds\":%.3f,"
+                  "\"ready\":%s,\"draining\":%s,\"listeners\":[",
+                  REBOUND_VERSION, (double)(now - srv->started_ms) / 1000.0,
+                  srv->upstream_ok && !srv->draining ? "true" : "false",
+                  srv->draining ? "true" : "false");
+  json_addr(r, &srv->cfg->listen);
+  px_admin_printf(r, "],\"sessions\":[");
+  for (px_session *s = srv->sessions; s; s = s->next) {
+    pending += s->nops;
+    px_admin_printf(r,
+                    "%s{\"id\":%llu,\"peer\":", s == srv->sessions ? "" : ",",
+                    (unsigned long long)s->id);
+    json_string(r, s->peer);
+    px_admin_printf(r, ",\"user\":");
+    json_string(r, s->user);
+    px_admin_printf(r, ",\"vhost\":");
+    json_string(r, s->vhost);
+    px_admin_printf(r,
+                    ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
+                    "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
+                    "\"retries_pending\":%u,\"cache_bytes\":%llu}",
+                    px_state_name(s->state), (unsigned)s->nchans,
+                    (unsigned long long)s->client.bytes_in,
+                    (unsigned long long)s->client.bytes_out,
+                    (double)(now - s->started_ms) / 1000.0, (unsigned)s->nops,
+                    (unsigned long long)s->cache_bytes);
+  }
+  px_admin_printf(r, "],\"retries_pending\":%u,\"cache_bytes\":%llu,", pending,
+                  (unsigned long long)srv->stats.cache_bytes);
+  status_config(srv, r);
+  px_admin_printf(r, "}\n");
+}
