@@ -173,6 +173,22 @@ static int parse_ATTEMPTS(px_config *c, const char *v) {
   return 0;
 }
 
+/* "auto" (0: px_server sizes it from the file descriptor limit) or a
+ * count. */
+static int parse_LIMIT(uint32_t *field, const char *v) {
+  char *end;
+  if (strcmp(v, "auto") == 0) {
+    *field = 0;
+    return 0;
+  }
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end || errno || n < 1 || n > PX_MAX_CONNECTIONS_LIMIT)
+    return -1;
+  *field = (uint32_t)n;
+  return 0;
+}
+
 #define PARSE_PATH(c, field, v) parse_PATH(c, (c)->field, sizeof(c)->field, v)
 #define PARSE_ADDR(c, field, v) parse_ADDR(c, &(c)->field, v)
 #define PARSE_ADDRS(c, field, v) parse_ADDRS(c, v)
@@ -187,12 +203,28 @@ static int parse_ATTEMPTS(px_config *c, const char *v) {
 #define PARSE_TIERS(c, field, v)                                               \
   ((c)->override.tiers = true, px_parse_tiers(v, &(c)->override.rule))
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
+#define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
+
+/* What a valid value of each type looks like, for error messages. */
+#define EXPECT_PATH "a file path"
+#define EXPECT_ADMIN "HOST:PORT or off"
+#define EXPECT_ADDR "HOST:PORT or [IPv6]:PORT"
+#define EXPECT_ADDRS "HOST:PORT[,HOST:PORT...], at most 8"
+#define EXPECT_LOG_FORMAT "text or json"
+#define EXPECT_LOG_LEVEL "debug, info, warn or error"
+#define EXPECT_DURATION "a duration like 500ms, 10s, 2m, 1h (at most 24h)"
+#define EXPECT_SIZE "a size like 512KiB, 8MiB, 1GiB or a number of bytes"
+#define EXPECT_PREFIX "a string of at most 63 bytes"
+#define EXPECT_GLOBS "queue globs like 'orders.*,print'"
+#define EXPECT_TIERS "delays like '1s,2s,4s' (each at most 24h)"
+#define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
+#define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
 
 static const struct option_desc {
-  const char *flag, *env, *key, *def, *help;
+  const char *flag, *env, *key, *def, *help, *expect;
 } options[] = {
 #define DESC(field, flag, env, key, type, def, help)                           \
-  {flag, env, key, def, help},
+  {flag, env, key, def, help, EXPECT_##type},
     PX_OPTIONS(DESC)
 #undef DESC
 };
@@ -223,14 +255,16 @@ int px_config_set(px_config *cfg, const char *flag, const char *value) {
   return set_option(cfg, i, value) == 0 ? 0 : -1;
 }
 
-/* What a file's key names, for px_config_file.c: the flag of the option
- * with that file key, or NULL. */
-const char *px__config_flag_for_key(const char *key);
 const char *px__config_flag_for_key(const char *key) {
   for (int i = 0; i < N_OPTIONS; i++)
     if (options[i].key && strcmp(options[i].key, key) == 0)
       return options[i].flag;
   return NULL;
+}
+
+const char *px__config_expected(const char *flag) {
+  int i = find_flag(flag, strlen(flag));
+  return i < 0 ? "" : options[i].expect;
 }
 
 /* Retry settings from flags/env replace the rules with one. */
@@ -276,8 +310,8 @@ static px_config_result load_layers(px_config *cfg, int argc, char **argv,
   for (int i = 0; env && i < N_OPTIONS; i++) {
     const char *v = env(options[i].env);
     if (v && *v && set_option(cfg, i, v) != 0) {
-      snprintf(err, errlen, "%s=%s: not a valid --%s", options[i].env, v,
-               options[i].flag);
+      snprintf(err, errlen, "%s=%s: not a valid --%s (expected %s)",
+               options[i].env, v, options[i].flag, options[i].expect);
       return PX_CONFIG_ERROR;
     }
   }
@@ -297,9 +331,14 @@ static px_config_result load_layers(px_config *cfg, int argc, char **argv,
       return PX_CONFIG_ERROR;
     }
     const char *v = eq ? eq + 1 : (a + 1 < argc ? argv[++a] : NULL);
-    if (!v || set_option(cfg, i, v) != 0) {
-      snprintf(err, errlen, "--%s: %s '%s'", options[i].flag,
-               v ? "invalid value" : "missing value", v ? v : "");
+    if (!v) {
+      snprintf(err, errlen, "--%s: missing value (expected %s)",
+               options[i].flag, options[i].expect);
+      return PX_CONFIG_ERROR;
+    }
+    if (set_option(cfg, i, v) != 0) {
+      snprintf(err, errlen, "--%s: invalid value '%s' (expected %s)",
+               options[i].flag, v, options[i].expect);
       return PX_CONFIG_ERROR;
     }
   }

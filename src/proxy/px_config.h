@@ -14,6 +14,7 @@
 
 #define PX_MAX_UPSTREAMS 8
 #define PX_MAX_RULES 16
+#define PX_MAX_CONNECTIONS_LIMIT 10000000 /* highest --max-connections */
 
 typedef struct px_addr {
   char host[256]; /* IPv4, IPv6 (no brackets) or a name */
@@ -29,6 +30,8 @@ typedef struct px_config {
   uint32_t drain_timeout_ms;
   uint32_t handshake_timeout_ms;
   uint32_t retry_finish_timeout_ms;
+  uint32_t retry_confirm_timeout_ms;
+  uint32_t max_connections; /* 0: auto, what the fd limit allows */
   uint64_t cache_per_connection;
   uint64_t cache_total;
   char config_path[1024];
@@ -67,9 +70,17 @@ typedef struct px_config {
   X(handshake_timeout_ms, "handshake-timeout", "REBOUND_HANDSHAKE_TIMEOUT",    \
     "handshake_timeout", DURATION, "10s",                                      \
     "a connection not open by then is closed")                                 \
+  X(max_connections, "max-connections", "REBOUND_MAX_CONNECTIONS",             \
+    "max_connections", LIMIT, "auto",                                          \
+    "client connections at once, more are closed on accept (auto: what "       \
+    "the file descriptor limit allows)")                                       \
   X(retry_finish_timeout_ms, "retry-finish-timeout",                           \
     "REBOUND_RETRY_FINISH_TIMEOUT", "retry_finish_timeout", DURATION, "10s",   \
     "a client gone with retries pending: how long to finish them")             \
+  X(retry_confirm_timeout_ms, "retry-confirm-timeout",                         \
+    "REBOUND_RETRY_CONFIRM_TIMEOUT", "retry_confirm_timeout", DURATION, "30s", \
+    "a copy the broker has not confirmed by then falls back (the original "    \
+    "is requeued) and frames held behind it go on")                            \
   X(cache_per_connection, "cache-per-connection",                              \
     "REBOUND_CACHE_PER_CONNECTION", "cache_per_connection", SIZE, "8MiB",      \
     "deliveries kept for retry, per connection (over it: pass-through)")       \
@@ -117,6 +128,12 @@ int px_config_set(px_config *cfg, const char *flag, const char *value);
  * with "FILE:LINE: reason" in `err`. (px_config_file.c) */
 int px_config_read_file(px_config *cfg, const char *path, char *err,
                         size_t errlen);
+
+/* For px_config_file.c: the flag of the option whose file key is `key`
+ * (NULL: none), and what a value of the option with `flag` looks like, for
+ * error messages ("a duration like 500ms, 10s, 2m, 1h"). */
+const char *px__config_flag_for_key(const char *key);
+const char *px__config_expected(const char *flag);
 
 /* Parse "1s,2s,4s" / "a*,b" into a rule's tiers / globs. 0 or -1. */
 int px_parse_tiers(const char *v, retry_rule *r);

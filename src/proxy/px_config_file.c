@@ -22,8 +22,6 @@
 
 #include "px_config.h"
 
-const char *px__config_flag_for_key(const char *key);
-
 typedef struct loader {
   yaml_document_t doc;
   const char *path;
@@ -182,7 +180,8 @@ static int load_root(loader *l, px_config *cfg) {
     if (joined(l, v, buf, sizeof buf))
       return -1;
     if (px_config_set(cfg, flag, buf) != 0)
-      return fail(l, v, "%s: invalid value '%s'", key, buf);
+      return fail(l, v, "%s: invalid value '%s' (expected %s)", key, buf,
+                  px__config_expected(flag));
   }
   return 0;
 }

@@ -59,6 +59,8 @@ static void test_defaults(void **state) {
   assert_string_equal(c.retry.header_prefix, "rebound-");
   assert_int_equal(c.cache_per_connection, 8u << 20);
   assert_int_equal(c.cache_total, 256u << 20);
+  assert_int_equal(c.retry_confirm_timeout_ms, 30000);
+  assert_int_equal(c.max_connections, 0); /* auto */
 }
 
 static const char good_yaml[] =
@@ -181,20 +183,116 @@ static void test_bad_flags_and_env(void **state) {
   char *argv[] = {"rebound", "--max-attempts", "0", NULL};
   memset(fake_env, 0, sizeof fake_env);
   assert_int_equal(load(&c, argv, err), PX_CONFIG_ERROR);
-  assert_string_equal(err, "--max-attempts: invalid value '0'");
+  assert_string_equal(
+      err, "--max-attempts: invalid value '0' (expected a whole number from 1 "
+           "to 1000000)");
   char *argv2[] = {"rebound", "--nope", NULL};
   assert_int_equal(load(&c, argv2, err), PX_CONFIG_ERROR);
   char *argv3[] = {"rebound", NULL};
   fake_env[0][0] = "REBOUND_CACHE_TOTAL";
   fake_env[0][1] = "lots";
   assert_int_equal(load(&c, argv3, err), PX_CONFIG_ERROR);
-  assert_string_equal(err,
-                      "REBOUND_CACHE_TOTAL=lots: not a valid --cache-total");
+  assert_string_equal(err, "REBOUND_CACHE_TOTAL=lots: not a valid "
+                           "--cache-total (expected a size like 512KiB, 8MiB, "
+                           "1GiB or a number of bytes)");
   uint64_t n;
   assert_int_equal(px_parse_size("512KiB", &n), 0);
   assert_int_equal(n, 512 * 1024);
   assert_int_equal(px_parse_size("-1", &n), -1);
   assert_int_equal(px_parse_size("3 MiB", &n), -1);
+}
+
+/* --retry-confirm-timeout and --max-connections from each layer. */
+static void test_confirm_timeout_and_max_connections(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  const char *p = write_file("retry_confirm_timeout: 2m\n"
+                             "max_connections: 300\n");
+  char *argv[] = {"rebound", "--config", (char *)p, NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_int_equal(c.retry_confirm_timeout_ms, 120000); /* file */
+  assert_int_equal(c.max_connections, 300);
+
+  fake_env[0][0] = "REBOUND_RETRY_CONFIRM_TIMEOUT";
+  fake_env[0][1] = "1500ms";
+  fake_env[1][0] = "REBOUND_MAX_CONNECTIONS";
+  fake_env[1][1] = "auto";
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_int_equal(c.retry_confirm_timeout_ms, 1500); /* env beats file */
+  assert_int_equal(c.max_connections, 0);
+
+  char *argv2[] = {
+      "rebound",           "--config", (char *)p, "--retry-confirm-timeout=5s",
+      "--max-connections", "10000000", NULL};
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_OK);
+  assert_int_equal(c.retry_confirm_timeout_ms, 5000); /* flag beats env */
+  assert_int_equal(c.max_connections, 10000000);
+  unlink(p);
+}
+
+static void expect_flag_error(const char *flag, const char *value,
+                              const char *want) {
+  static px_config c;
+  char err[256];
+  char *argv[] = {"rebound", (char *)flag, (char *)value, NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, want);
+}
+
+static void test_confirm_timeout_and_max_connections_bad(void **state) {
+  (void)state;
+  const char *dur = " (expected a duration like 500ms, 10s, 2m, 1h (at most "
+                    "24h))";
+  const char *lim = " (expected auto or a whole number from 1 to 10000000)";
+  char want[256];
+  static const char *bad_durations[] = {"0s", "30", "-1s", "25h", "1 s", ""};
+  for (size_t i = 0; i < sizeof bad_durations / sizeof *bad_durations; i++) {
+    snprintf(want, sizeof want, "--retry-confirm-timeout: invalid value '%s'%s",
+             bad_durations[i], dur);
+    expect_flag_error("--retry-confirm-timeout", bad_durations[i], want);
+  }
+  static const char *bad_limits[] = {
+      "0", "-5", "10000001", "12k", "1e3", "99999999999999999999", "", "AUTO"};
+  for (size_t i = 0; i < sizeof bad_limits / sizeof *bad_limits; i++) {
+    snprintf(want, sizeof want, "--max-connections: invalid value '%s'%s",
+             bad_limits[i], lim);
+    expect_flag_error("--max-connections", bad_limits[i], want);
+  }
+
+  static px_config c;
+  char err[256];
+  char *argv[] = {"rebound", "--max-connections", NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_ERROR);
+  snprintf(want, sizeof want, "--max-connections: missing value%s", lim);
+  assert_string_equal(err, want);
+
+  char *argv2[] = {"rebound", NULL};
+  fake_env[0][0] = "REBOUND_MAX_CONNECTIONS";
+  fake_env[0][1] = "none";
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_ERROR);
+  snprintf(want, sizeof want,
+           "REBOUND_MAX_CONNECTIONS=none: not a valid --max-connections%s",
+           lim);
+  assert_string_equal(err, want);
+  fake_env[0][0] = "REBOUND_RETRY_CONFIRM_TIMEOUT";
+  fake_env[0][1] = "soon";
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_ERROR);
+  snprintf(want, sizeof want,
+           "REBOUND_RETRY_CONFIRM_TIMEOUT=soon: not a valid "
+           "--retry-confirm-timeout%s",
+           dur);
+  assert_string_equal(err, want);
+
+  expect_file_error("max_connections: 0\n",
+                    "1: max_connections: invalid value '0' (expected auto or "
+                    "a whole number from 1 to 10000000)");
+  expect_file_error("listen: 127.0.0.1:1\nretry_confirm_timeout: forever\n",
+                    "2: retry_confirm_timeout: invalid value 'forever' "
+                    "(expected a duration like 500ms");
 }
 
 int main(void) {
@@ -204,6 +302,8 @@ int main(void) {
       cmocka_unit_test(test_retry_flags_override),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_flags_and_env),
+      cmocka_unit_test(test_confirm_timeout_and_max_connections),
+      cmocka_unit_test(test_confirm_timeout_and_max_connections_bad),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
