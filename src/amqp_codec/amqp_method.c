@@ -73,7 +73,8 @@ int amqp_method_init(amqp_method *m, uint32_t id) {
   return m->desc ? AMQP_OK : AMQP_UNKNOWN_METHOD;
 }
 
-static int decode_arg(amqp_reader *r, uint8_t type, amqp_arg *a) {
+static int decode_arg(amqp_reader *r, uint8_t type, amqp_arg *a,
+                      unsigned flags) {
   switch (type) {
   case AMQP_T_OCTET:
     a->u = amqp_get_u8(r);
@@ -96,7 +97,7 @@ static int decode_arg(amqp_reader *r, uint8_t type, amqp_arg *a) {
     break;
   case AMQP_T_TABLE:
     a->b = amqp_get_longstr(r);
-    if (!r->failed)
+    if (!r->failed && !(flags & AMQP_DECODE_OPAQUE_TABLES))
       return amqp_table_validate(a->b, AMQP_TABLE_MAX_DEPTH);
     break;
   }
@@ -104,6 +105,11 @@ static int decode_arg(amqp_reader *r, uint8_t type, amqp_arg *a) {
 }
 
 int amqp_method_decode(amqp_bytes payload, amqp_method *m) {
+  return amqp_method_decode_flags(payload, m, 0);
+}
+
+int amqp_method_decode_flags(amqp_bytes payload, amqp_method *m,
+                             unsigned flags) {
   amqp_reader r = amqp_reader_make(payload.ptr, payload.len);
   unsigned bit = 8; /* next bit in `bits`; 8: read a new octet */
   uint8_t bits = 0;
@@ -125,7 +131,7 @@ int amqp_method_decode(amqp_bytes payload, amqp_method *m) {
       continue;
     }
     bit = 8;
-    int rc = decode_arg(&r, type, &m->args[i]);
+    int rc = decode_arg(&r, type, &m->args[i], flags);
     if (rc != AMQP_OK)
       return rc;
   }

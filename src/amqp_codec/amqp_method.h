@@ -94,6 +94,16 @@ int amqp_method_init(amqp_method *m, uint32_t id);
  * or a table error (AMQP_BAD_FIELD_TYPE, AMQP_TOO_DEEP). */
 int amqp_method_decode(amqp_bytes payload, amqp_method *m);
 
+/* Table arguments are length-checked views whose contents are not
+ * validated: for a forwarder that passes them on unread and must not be
+ * stricter than the peer that interprets them. Whoever reads such a table
+ * later gets the table readers' errors (amqp_table.h). */
+#define AMQP_DECODE_OPAQUE_TABLES 1u
+
+/* amqp_method_decode() with AMQP_DECODE_* flags. */
+int amqp_method_decode_flags(amqp_bytes payload, amqp_method *m,
+                             unsigned flags);
+
 /* Only the class and method ids of a method payload (at least 4 bytes, as
  * amqp_frame_parse() guarantees for method frames): the cheap check a
  * forwarder makes before deciding whether to decode at all. */

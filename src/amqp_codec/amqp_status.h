@@ -15,7 +15,7 @@
   X(BAD_FRAME_END, -3, 501, "frame-end octet is not 0xCE")                     \
   X(FRAME_TOO_LARGE, -4, 501, "frame larger than the negotiated frame-max")    \
   X(UNKNOWN_FRAME_TYPE, -5, 501, "unknown frame type")                         \
-  X(BAD_HEARTBEAT, -6, 501, "heartbeat frame on a channel other than 0")       \
+  X(BAD_HEARTBEAT, -6, 505, "heartbeat frame on a channel other than 0")       \
   X(SHORT_PAYLOAD, -7, 501, "frame payload shorter than its type needs")       \
   X(TRUNCATED, -8, 502, "field runs past the end of its frame")                \
   X(TRAILING_BYTES, -9, 502, "bytes left after the last field")                \

@@ -186,6 +186,8 @@ static void test_status_strings(void **state) {
   assert_int_equal(amqp_status_reply_code(AMQP_BAD_FRAME_END), 501);
   assert_int_equal(amqp_status_reply_code(AMQP_TRUNCATED), 502);
   assert_int_equal(amqp_status_reply_code(AMQP_UNKNOWN_METHOD), 503);
+  /* as RabbitMQ answers a heartbeat on a channel: UNEXPECTED_FRAME */
+  assert_int_equal(amqp_status_reply_code(AMQP_BAD_HEARTBEAT), 505);
   assert_int_equal(amqp_status_reply_code(AMQP_PARTIAL), 0);
 }
 

@@ -207,6 +207,39 @@ static void test_decode_errors(void **state) {
   assert_int_equal(m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b.len, 3);
 }
 
+/* basic.consume whose arguments nest 40 tables deep: RabbitMQ accepts it,
+ * so a forwarder decoding it with AMQP_DECODE_OPAQUE_TABLES must too; the
+ * plain decoder still refuses it. */
+static void test_opaque_tables(void **state) {
+  (void)state;
+  enum { LEVELS = 40, PER = 7 }; /* key "k" (2) + 'F' (1) + length (4) */
+  uint8_t payload[64 + LEVELS * PER];
+  amqp_writer w = amqp_writer_make(payload, sizeof payload);
+  amqp_put_u32(&w, AMQP_BASIC_CONSUME);
+  amqp_put_u16(&w, 0);
+  amqp_put_u8(&w, 1), amqp_put_bytes(&w, "q", 1);
+  amqp_put_u8(&w, 1), amqp_put_bytes(&w, "t", 1);
+  amqp_put_u8(&w, 0); /* no-local, no-ack, exclusive, no-wait */
+  amqp_put_u32(&w, LEVELS * PER);
+  for (uint32_t i = 0; i < LEVELS; i++) {
+    amqp_put_u8(&w, 1), amqp_put_bytes(&w, "k", 1), amqp_put_u8(&w, 'F');
+    amqp_put_u32(&w, (LEVELS - 1 - i) * PER);
+  }
+  assert_false(w.failed);
+  amqp_bytes b = {payload, w.len};
+  amqp_method m;
+  assert_int_equal(amqp_method_decode(b, &m), AMQP_TOO_DEEP);
+  assert_int_equal(amqp_method_decode_flags(b, &m, AMQP_DECODE_OPAQUE_TABLES),
+                   AMQP_OK);
+  assert_true(
+      amqp_bytes_eq(m.args[AMQP_F_BASIC_CONSUME_QUEUE].b, amqp_cstr("q")));
+  assert_int_equal(m.args[AMQP_F_BASIC_CONSUME_ARGUMENTS].b.len, LEVELS * PER);
+  /* still length-checked: a table running past the payload is refused */
+  payload[11] = 0x7f; /* the table length's high octet */
+  assert_int_equal(amqp_method_decode_flags(b, &m, AMQP_DECODE_OPAQUE_TABLES),
+                   AMQP_TRUNCATED);
+}
+
 static void test_encode_errors(void **state) {
   (void)state;
   amqp_method m;
@@ -251,6 +284,7 @@ int main(void) {
       cmocka_unit_test(test_every_method_round_trip),
       cmocka_unit_test(test_bit_packing),
       cmocka_unit_test(test_decode_errors),
+      cmocka_unit_test(test_opaque_tables),
       cmocka_unit_test(test_encode_errors),
       cmocka_unit_test(test_method_frame_write),
   };
