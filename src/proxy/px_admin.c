@@ -2,16 +2,29 @@
  *
  * A connection moves through one state machine, every transition here:
  *
- *   OPEN ──error response / Connection: close / EOF──▶ FLUSHING
- *   FLUSHING ──last write done──▶ uv_shutdown ──▶ LINGER (or close on EOF)
+ *   READING ──request routed, keep-alive──▶ ANSWERING
+ *   ANSWERING ──its last byte written──▶ READING (input kept aside first)
+ *   READING ──request routed, last one / bad request / EOF──▶ FLUSHING
+ *   FLUSHING ──its last byte written──▶ uv_shutdown ──▶ LINGER (or CLOSED
+ *                                                        after EOF)
  *   LINGER ──EOF, read error or linger timer──▶ CLOSED
+ *   READING, idle, when a newcomer finds the cap reached ──▶ CLOSED
  *   any ──timeout, write error, px_admin_stop──▶ CLOSED (uv_close)
  *
- * In OPEN the parser pauses after every request (on_message_complete returns
- * HPE_PAUSED), so conn_feed alone decides what comes next: the next
- * pipelined request, a flush-and-close, or a backpressure pause that keeps
- * the unparsed input aside and stops reading until the output drains.
- * Memory of a connection is freed only when both its handles have closed.
+ * One response is in flight per connection, and one write for it. The
+ * parser pauses after every request (on_message_complete returns
+ * HPE_PAUSED) and the request is routed at once; in ANSWERING the socket is
+ * not read and the input after the request waits in `stash` until the
+ * answer is written, then it is parsed first. A streamed body moves one
+ * slice at a time. A write's completion (on_write) only marks the
+ * connection ready; the next step (the next slice, or the end of the
+ * response and the next request) is taken by on_admin_idle in the next
+ * loop iteration, so between two polls for I/O a connection routes at most
+ * one request or produces one slice. In FLUSHING and LINGER the socket is
+ * read and the input dropped, so the close sends no reset.
+ * A producer's state is released as soon as the response ends or the
+ * connection closes; the memory of a connection is freed only when both
+ * its handles have closed.
  */
 #include "px_admin.h"
 
@@ -25,54 +38,64 @@
 
 #define DEFAULT_MAX_CONNS 64
 #define DEFAULT_TIMEOUT_MS 10000
-#define DEFAULT_MAX_OUTPUT (1024 * 1024)
 #define LINGER_MS 2000        /* discard input after a final response */
 #define REQUEST_LINE_BYTES 16 /* method, spaces, version, CRLF (counted) */
 #define HEADER_DELIM_BYTES 4  /* ": " and CRLF around each header */
 #define MAX_CONTENT_TYPE 200
 
 typedef enum conn_state {
-  CONN_OPEN,     /* parsing requests */
-  CONN_FLUSHING, /* last response queued; shutdown once it is written */
-  CONN_LINGER,   /* write side shut down; input discarded until EOF/timer */
-  CONN_CLOSED,   /* uv_close called on both handles */
+  CONN_READING,   /* parsing a request, or idle between two */
+  CONN_ANSWERING, /* a response in flight; the next request waits */
+  CONN_FLUSHING,  /* the last response in flight; shutdown once written */
+  CONN_LINGER,    /* write side shut down; input discarded until EOF/timer */
+  CONN_CLOSED,    /* uv_close called on both handles */
 } conn_state;
 
-static const char *const state_names[] = {"open", "flushing", "linger",
-                                          "closed"};
+static const char *const state_names[] = {"reading", "answering", "flushing",
+                                          "linger", "closed"};
+
+/* How a response's body is delimited on the wire. */
+typedef enum body_framing {
+  BODY_LENGTH,  /* complete body, Content-Length */
+  BODY_CHUNKED, /* streamed to HTTP/1.1: Transfer-Encoding: chunked */
+  BODY_CLOSE,   /* streamed to HTTP/1.0: ends when the connection does */
+} body_framing;
 
 typedef struct px_admin_conn {
   uv_tcp_t tcp;
   uv_timer_t timer;
   uv_shutdown_t shutdown;
+  uv_write_t wreq; /* the one write in flight */
   px_admin *admin;
   struct px_admin_conn *prev, *next;
   conn_state state;
-  int handles;     /* of tcp and timer, not yet closed */
-  unsigned writes; /* write requests in flight */
+  int handles; /* of tcp and timer, not yet closed */
+  bool ready;  /* its write completed: on_admin_idle goes on */
   bool reading;
-  bool paused; /* backpressure: parser stopped, input stashed */
   bool got_eof;
+  bool in_request;  /* a request has begun and is not complete */
   bool keep_alive;  /* of the request being parsed */
+  bool http11;      /* the request being parsed is HTTP/1.1 or later */
   int error_status; /* set by a parser callback before it fails */
   size_t head_bytes, body_bytes;
-  char *stash; /* unparsed input kept while paused */
+  uint64_t idle_since; /* loop time it last became idle */
+  char *stash;         /* input after the request being answered */
   size_t stash_len;
+  /* the response in flight */
+  px_admin_response resp;
+  body_framing framing;
+  bool send_body; /* false for HEAD */
+  bool more;      /* the producer has slices to come */
+  char head[1024];
+  char chunk[24]; /* a chunk-size line */
   llhttp_t parser;
   char peer[64];
   size_t url_len;
   char url[PX_ADMIN_MAX_HEAD + 1];
 } px_admin_conn;
 
-typedef struct admin_write {
-  uv_write_t req;
-  char *body;
-  char head[1024];
-} admin_write;
-
 static void conn_close(px_admin_conn *c);
 static void conn_feed(px_admin_conn *c, const char *data, size_t len);
-static void conn_finish(px_admin_conn *c);
 
 /* ---- response helpers ---- */
 
@@ -176,11 +199,47 @@ static const char *status_reason(int status) {
   return "Status";
 }
 
+void px_admin_stream(px_admin_response *r, px_admin_produce_fn produce,
+                     void (*release)(void *state), void *state) {
+  if (!state || !produce || r->produce) {
+    if (state && release)
+      release(state);
+    resp_fail(r);
+    return;
+  }
+  r->produce = produce;
+  r->release = release;
+  r->state = state;
+}
+
+/* Give the producer's state back; the body stays. */
+static void resp_release(px_admin_response *r) {
+  void (*release)(void *) = r->release;
+  void *state = r->state;
+  r->produce = NULL;
+  r->release = NULL;
+  r->state = NULL;
+  if (release)
+    release(state);
+}
+
+static void resp_clear(px_admin_response *r) {
+  resp_release(r);
+  free(r->body);
+  *r = (px_admin_response){.status = 200};
+}
+
+static bool resp_valid(const px_admin_response *r) {
+  return !r->failed && r->status >= 200 && r->status <= 599 &&
+         (!r->content_type || (strlen(r->content_type) <= MAX_CONTENT_TYPE &&
+                               !strpbrk(r->content_type, "\r\n")));
+}
+
 /* ---- timers and writes ---- */
 
 static void on_conn_timer(uv_timer_t *t) {
   px_admin_conn *c = t->data;
-  if (c->state == CONN_OPEN || c->state == CONN_FLUSHING) {
+  if (c->state != CONN_LINGER) {
     c->admin->stats.timeouts++;
     px_debug("admin_timeout", PX_S("peer", c->peer),
              PX_S("state", state_names[c->state]),
@@ -192,10 +251,6 @@ static void on_conn_timer(uv_timer_t *t) {
 static void conn_arm(px_admin_conn *c, uint64_t ms) {
   if (c->state != CONN_CLOSED)
     uv_timer_start(&c->timer, on_conn_timer, ms, 0);
-}
-
-static size_t conn_output(px_admin_conn *c) {
-  return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status) {
@@ -217,83 +272,156 @@ static void conn_shutdown(px_admin_conn *c) {
     conn_close(c);
 }
 
-static void conn_resume(px_admin_conn *c);
+static void conn_write_failed(px_admin_conn *c, int err) {
+  px_debug("admin_write_failed", PX_S("peer", c->peer),
+           PX_S("state", state_names[c->state]),
+           PX_S("error", uv_strerror(err)));
+  conn_close(c);
+}
 
+static void on_write(uv_write_t *req, int status);
+static void on_admin_idle(uv_idle_t *idle);
+static void conn_answered(px_admin_conn *c);
+
+/* Queue what is in the response body (framed), after `head_len` bytes of
+ * headers in c->head; `last`: the body ends with it. */
+static void conn_write(px_admin_conn *c, size_t head_len, bool last) {
+  px_admin_response *r = &c->resp;
+  static char crlf[] = "\r\n", crlf_end[] = "\r\n0\r\n\r\n";
+  uv_buf_t bufs[4];
+  unsigned n = 0;
+  if (head_len)
+    bufs[n++] = uv_buf_init(c->head, (unsigned)head_len);
+  if (c->send_body && c->framing == BODY_CHUNKED) {
+    if (r->len) {
+      int k = snprintf(c->chunk, sizeof c->chunk, "%zx\r\n", r->len);
+      bufs[n++] = uv_buf_init(c->chunk, (unsigned)k);
+      bufs[n++] = uv_buf_init(r->body, (unsigned)r->len);
+      bufs[n++] = last ? uv_buf_init(crlf_end, sizeof crlf_end - 1)
+                       : uv_buf_init(crlf, sizeof crlf - 1);
+    } else if (last) {
+      bufs[n++] = uv_buf_init(crlf_end + 2, sizeof crlf_end - 3);
+    }
+  } else if (c->send_body && r->len) {
+    bufs[n++] = uv_buf_init(r->body, (unsigned)r->len);
+  }
+  if (n == 0) { /* an empty last slice, close-delimited: nothing to send */
+    conn_answered(c);
+    return;
+  }
+  int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, bufs, n, on_write);
+  if (rc < 0)
+    conn_write_failed(c, rc);
+}
+
+/* The next slice of a streamed body, once the previous one is written. */
+static void conn_produce(px_admin_conn *c) {
+  px_admin_response *r = &c->resp;
+  r->len = 0;
+  c->more = r->produce(r->state, r);
+  if (r->failed || (c->more && r->len == 0)) {
+    px_warn("admin_stream_failed", PX_S("peer", c->peer), PX_S("path", c->url),
+            PX_S("reason", r->failed ? "slice failed" : "empty slice"));
+    conn_close(c);
+    return;
+  }
+  if (!c->more)
+    resp_release(r);
+  conn_write(c, 0, !c->more);
+}
+
+/* A write completed: the response moves on (next slice, or the next
+ * request) in the next loop iteration, from on_admin_idle. libuv runs
+ * write callbacks several times between two polls; going on from here
+ * would let one connection do that much work while no socket is read. */
 static void on_write(uv_write_t *req, int status) {
-  admin_write *w = (admin_write *)req;
   px_admin_conn *c = req->handle->data;
-  free(w->body);
-  free(w);
-  c->writes--;
+  px_admin *a = c->admin;
   if (c->state == CONN_CLOSED)
     return;
   if (status < 0) {
-    px_debug("admin_write_failed", PX_S("peer", c->peer),
-             PX_S("error", uv_strerror(status)));
-    conn_close(c);
+    conn_write_failed(c, status);
     return;
   }
-  if (c->state == CONN_FLUSHING) {
-    if (c->writes == 0)
-      conn_shutdown(c);
-    return;
+  conn_arm(c, a->limits.timeout_ms); /* the client is reading */
+  c->ready = true;
+  if (a->nready++ == 0)
+    uv_idle_start(&a->idle, on_admin_idle);
+}
+
+/* Once per loop iteration while writes have completed: one step for each
+ * connection whose write did. */
+static void on_admin_idle(uv_idle_t *idle) {
+  px_admin *a = idle->data;
+  for (px_admin_conn *c = a->conns; c; c = c->next) { /* unlinked only in */
+    if (!c->ready)                                    /* close callbacks */
+      continue;
+    c->ready = false;
+    a->nready--;
+    if (c->more)
+      conn_produce(c);
+    else
+      conn_answered(c);
   }
-  conn_arm(c, c->admin->limits.timeout_ms); /* the client is reading */
-  if (c->paused && conn_output(c) <= c->admin->limits.max_output)
-    conn_resume(c);
+  if (a->nready == 0)
+    uv_idle_stop(idle);
 }
 
-static bool resp_valid(const px_admin_response *r) {
-  return !r->failed && r->status >= 200 && r->status <= 599 &&
-         (!r->content_type || (strlen(r->content_type) <= MAX_CONTENT_TYPE &&
-                               !strpbrk(r->content_type, "\r\n")));
+/* Format the status line and headers into c->head; returns their length. */
+static size_t conn_head(px_admin_conn *c, bool keep_alive) {
+  const px_admin_response *r = &c->resp;
+  char framing[48] = "";
+  if (c->framing == BODY_LENGTH)
+    snprintf(framing, sizeof framing, "Content-Length: %zu\r\n", r->len);
+  else if (c->framing == BODY_CHUNKED)
+    snprintf(framing, sizeof framing, "Transfer-Encoding: chunked\r\n");
+  int n = snprintf(
+      c->head, sizeof c->head,
+      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%sConnection: %s\r\n%.*s\r\n",
+      r->status, status_reason(r->status),
+      r->content_type ? r->content_type : "text/plain; charset=utf-8", framing,
+      keep_alive ? "keep-alive" : "close", (int)r->headers_len, r->headers);
+  if (n < 0 || (size_t)n >= sizeof c->head) /* cannot happen: bounded */
+    return 0;
+  return (size_t)n;
 }
 
-/* Queue one response; takes the body. `head_only` drops the body (HEAD). */
-static void conn_send(px_admin_conn *c, px_admin_response *r, bool head_only,
-                      bool keep_alive) {
+static void conn_read_start(px_admin_conn *c);
+
+/* Start writing c->resp, the answer to the request just parsed. A
+ * keep-alive answer moves to ANSWERING, the last one to FLUSHING. */
+static void conn_respond(px_admin_conn *c, bool head_only, bool keep_alive) {
+  px_admin_response *r = &c->resp;
   if (!resp_valid(r)) {
-    free(r->body);
-    *r = (px_admin_response){.status = 500};
+    resp_clear(r);
+    r->status = 500;
     px_admin_append(r, "internal error\n", 15);
   }
-  admin_write *w = malloc(sizeof *w);
-  if (!w) {
-    free(r->body);
+  c->framing = !r->produce ? BODY_LENGTH
+               : c->http11 ? BODY_CHUNKED
+                           : BODY_CLOSE;
+  if (c->framing == BODY_CLOSE)
+    keep_alive = false;
+  c->send_body = !head_only;
+  c->more = r->produce && !head_only;
+  if (!c->more)
+    resp_release(r);
+  size_t head_len = conn_head(c, keep_alive);
+  if (head_len == 0) {
     conn_close(c);
     return;
   }
-  int n = snprintf(
-      w->head, sizeof w->head,
-      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-      "Content-Length: %zu\r\nConnection: %s\r\n%.*s\r\n",
-      r->status, status_reason(r->status),
-      r->content_type ? r->content_type : "text/plain; charset=utf-8", r->len,
-      keep_alive ? "keep-alive" : "close", (int)r->headers_len, r->headers);
-  if (n < 0 || (size_t)n >= sizeof w->head) { /* cannot happen: bounded */
-    free(r->body);
-    free(w);
-    conn_close(c);
-    return;
-  }
-  uv_buf_t bufs[2] = {uv_buf_init(w->head, (unsigned)n),
-                      uv_buf_init(r->body, (unsigned)r->len)};
-  w->body = r->body;
-  unsigned nbufs = head_only || r->len == 0 ? 1 : 2;
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_write);
-  if (rc < 0) {
-    free(w->body);
-    free(w);
-    conn_close(c);
-    return;
-  }
-  c->writes++;
+  c->state = keep_alive ? CONN_ANSWERING : CONN_FLUSHING;
+  if (c->state == CONN_FLUSHING)
+    conn_read_start(c); /* keep draining input so close sends no reset */
+  conn_write(c, head_len, !c->more);
 }
 
 static void conn_send_error(px_admin_conn *c, int status, const char *text) {
-  px_admin_response r = {.status = status};
-  px_admin_printf(&r, "%s\n", text);
-  conn_send(c, &r, false, false);
+  resp_clear(&c->resp);
+  c->resp.status = status;
+  px_admin_printf(&c->resp, "%s\n", text);
+  conn_respond(c, false, false);
 }
 
 /* ---- reading ---- */
@@ -324,18 +452,19 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread < 0) {
     c->reading = false;
     c->got_eof = true;
-    if (nread != UV_EOF || c->state == CONN_LINGER)
+    if (nread != UV_EOF || c->state == CONN_LINGER) {
       conn_close(c);
-    else
-      conn_finish(c); /* answer what was asked, then close */
+    } else if (c->state == CONN_READING) { /* nothing in flight: done */
+      c->state = CONN_FLUSHING;
+      conn_shutdown(c);
+    } /* else the response in flight is written, then the socket closes */
     return;
   }
-  if (c->state != CONN_OPEN)
-    return; /* flushing or lingering: input is discarded */
-  if (c->paused)
-    conn_stash(c, buf->base, (size_t)nread);
-  else
+  if (c->state == CONN_READING)
     conn_feed(c, buf->base, (size_t)nread);
+  else if (c->state == CONN_ANSWERING) /* read before it stopped */
+    conn_stash(c, buf->base, (size_t)nread);
+  /* flushing or lingering: input is discarded */
 }
 
 static void conn_read_start(px_admin_conn *c) {
@@ -357,36 +486,29 @@ static void conn_read_stop(px_admin_conn *c) {
 
 /* ---- the state machine ---- */
 
-/* No more requests: write what is queued, then shut down and linger. */
-static void conn_finish(px_admin_conn *c) {
-  if (c->state != CONN_OPEN)
-    return;
-  c->state = CONN_FLUSHING;
-  c->paused = false;
-  free(c->stash);
-  c->stash = NULL;
-  c->stash_len = 0;
-  conn_read_start(c); /* keep draining input so close sends no reset */
-  if (c->state == CONN_FLUSHING && c->writes == 0)
+/* The response in flight is completely written. */
+static void conn_answered(px_admin_conn *c) {
+  resp_clear(&c->resp);
+  if (c->state == CONN_FLUSHING) {
     conn_shutdown(c);
-}
-
-static void conn_pause(px_admin_conn *c, const char *data, size_t len) {
-  c->paused = true;
-  conn_read_stop(c);
-  conn_stash(c, data, len);
-}
-
-static void conn_resume(px_admin_conn *c) {
+    return;
+  }
+  c->state = CONN_READING; /* from ANSWERING */
+  c->idle_since = uv_now(c->admin->loop);
   char *data = c->stash;
   size_t len = c->stash_len;
   c->stash = NULL;
   c->stash_len = 0;
-  c->paused = false;
   conn_feed(c, data, len);
   free(data);
-  if (c->state == CONN_OPEN && !c->paused)
-    conn_read_start(c);
+  if (c->state != CONN_READING)
+    return; /* the next request is being answered */
+  if (c->got_eof) {
+    c->state = CONN_FLUSHING;
+    conn_shutdown(c);
+    return;
+  }
+  conn_read_start(c);
 }
 
 static void conn_parse_error(px_admin_conn *c, llhttp_errno_t err) {
@@ -397,35 +519,31 @@ static void conn_parse_error(px_admin_conn *c, llhttp_errno_t err) {
            PX_S("error", llhttp_errno_name(err)),
            PX_S("reason", llhttp_get_error_reason(&c->parser)));
   conn_send_error(c, status, status_reason(status));
-  conn_finish(c);
 }
 
-/* Parse `data` until it is used up or the connection must wait or end. */
+/* Parse `data` in READING. At most one request is routed: the parser
+ * pauses after it, and what follows it waits for its answer. */
 static void conn_feed(px_admin_conn *c, const char *data, size_t len) {
-  while (c->state == CONN_OPEN && len > 0) {
-    llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
-    if (err == HPE_OK)
-      return;
-    if (err != HPE_PAUSED) {
-      conn_parse_error(c, err);
-      return;
-    }
-    /* One request answered; the parser stopped right after it. */
-    size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
-    data += used;
-    len -= used;
-    llhttp_resume(&c->parser);
-    if (c->state != CONN_OPEN)
-      return;
-    if (!c->keep_alive) {
-      conn_finish(c);
-      return;
-    }
-    if (conn_output(c) > c->admin->limits.max_output) {
-      conn_pause(c, data, len);
-      return;
-    }
+  if (c->state != CONN_READING || len == 0)
+    return;
+  llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
+  if (err == HPE_OK)
+    return; /* all parsed; a request may have begun */
+  if (err != HPE_PAUSED) {
+    conn_parse_error(c, err);
+    return;
   }
+  size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+  llhttp_resume(&c->parser);
+  if (c->state == CONN_ANSWERING) {
+    conn_read_stop(c);
+    conn_stash(c, data + used, len - used);
+  } /* FLUSHING: the rest is dropped */
+}
+
+/* An idle connection may be closed for a newcomer at the cap. */
+static bool conn_idle(const px_admin_conn *c) {
+  return c->state == CONN_READING && !c->in_request;
 }
 
 /* ---- llhttp callbacks ---- */
@@ -447,6 +565,7 @@ static int count_head(llhttp_t *p, size_t n) {
 
 static int on_message_begin(llhttp_t *p) {
   px_admin_conn *c = p->data;
+  c->in_request = true;
   c->url_len = 0;
   c->head_bytes = REQUEST_LINE_BYTES;
   c->body_bytes = 0;
@@ -475,6 +594,8 @@ static int on_header_value_complete(llhttp_t *p) {
 static int on_headers_complete(llhttp_t *p) {
   px_admin_conn *c = p->data;
   c->keep_alive = llhttp_should_keep_alive(p) && !llhttp_get_upgrade(p);
+  c->http11 = llhttp_get_http_major(p) > 1 ||
+              (llhttp_get_http_major(p) == 1 && llhttp_get_http_minor(p) >= 1);
   if ((p->flags & F_CONTENT_LENGTH) && p->content_length > PX_ADMIN_MAX_BODY) {
     parse_fail(p, 413, "request body too large");
     return -1;
@@ -496,23 +617,26 @@ static int on_message_complete(llhttp_t *p) {
   px_admin *a = c->admin;
   bool head = llhttp_get_method(p) == HTTP_HEAD;
   const char *method = head ? "GET" : llhttp_method_name(llhttp_get_method(p));
-  px_admin_response r = {.status = 200};
+  px_admin_response *r = &c->resp;
 
+  c->in_request = false;
   c->url[c->url_len] = '\0';
   c->url[strcspn(c->url, "?#")] = '\0';
-  a->route(a->ctx, method, c->url, &r);
+  resp_clear(r);
+  a->route(a->ctx, method, c->url, r);
   a->stats.requests++;
-  if (!resp_valid(&r))
+  if (!resp_valid(r))
     px_warn("admin_response_failed", PX_S("peer", c->peer),
-            PX_S("path", c->url), PX_I("status", r.status),
-            PX_BOOL("failed", r.failed));
+            PX_S("path", c->url), PX_I("status", r->status),
+            PX_BOOL("failed", r->failed));
   else
     px_debug("admin_request", PX_S("peer", c->peer),
              PX_S("method", head ? "HEAD" : method), PX_S("path", c->url),
-             PX_I("status", r.status), PX_U("bytes", r.len));
-  conn_send(c, &r, head, c->keep_alive);
+             PX_I("status", r->status), PX_U("bytes", r->len),
+             PX_BOOL("streamed", r->produce != NULL));
   conn_arm(c, a->limits.timeout_ms);
-  return HPE_PAUSED; /* conn_feed decides what comes next */
+  conn_respond(c, head, c->keep_alive);
+  return HPE_PAUSED; /* the next request waits for this answer */
 }
 
 static const llhttp_settings_t parser_settings = {
@@ -548,7 +672,8 @@ static void format_addr(const struct sockaddr_storage *ss, char *out,
 }
 
 static void admin_check_done(px_admin *a) {
-  if (!a->stopping || a->listener_open || a->conns || a->nrefused_closing)
+  if (!a->stopping || a->listener_open || a->idle_open || a->conns ||
+      a->nrefused_closing)
     return;
   void (*done)(void *) = a->done;
   a->done = NULL;
@@ -569,6 +694,7 @@ static void on_conn_closed(uv_handle_t *h) {
     c->next->prev = c->prev;
   a->nconns--;
   free(c->stash);
+  free(c->resp.body);
   free(c);
   if (a->refusing && a->nconns < a->limits.max_conns) {
     px_info("admin_conn_refused_end", PX_S("address", a->addr),
@@ -583,6 +709,11 @@ static void conn_close(px_admin_conn *c) {
     return;
   c->state = CONN_CLOSED;
   c->reading = false;
+  if (c->ready) {
+    c->ready = false;
+    c->admin->nready--;
+  }
+  resp_release(&c->resp); /* the body goes with the memory, once closed */
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
@@ -617,6 +748,24 @@ static void admin_refuse(px_admin *a) {
   a->burst_refused++;
 }
 
+/* At the cap: close the connection idle the longest (the oldest among
+ * equals) to make room. Returns false if none is idle. */
+static bool admin_evict_idle(px_admin *a) {
+  px_admin_conn *victim = NULL;
+  for (px_admin_conn *c = a->conns; c; c = c->next) /* newest first */
+    if (conn_idle(c) && (!victim || c->idle_since <= victim->idle_since))
+      victim = c;
+  if (!victim)
+    return false;
+  a->stats.conns_evicted++;
+  px_info("admin_conn_evicted", PX_S("address", a->addr),
+          PX_S("peer", victim->peer),
+          PX_U("idle_ms", uv_now(a->loop) - victim->idle_since),
+          PX_U("max_conns", a->limits.max_conns));
+  conn_close(victim);
+  return true;
+}
+
 static void conn_start(px_admin *a, px_admin_conn *c) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
@@ -634,6 +783,7 @@ static void conn_start(px_admin *a, px_admin_conn *c) {
   (void)uv_tcp_nodelay(&c->tcp, 1); /* best effort */
   llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
   c->parser.data = c;
+  c->idle_since = uv_now(a->loop);
   a->stats.conns_total++;
   conn_arm(c, a->limits.timeout_ms);
   conn_read_start(c);
@@ -646,7 +796,7 @@ static void on_connection(uv_stream_t *listener, int status) {
             PX_S("error", uv_strerror(status)));
     return;
   }
-  if (a->nconns >= a->limits.max_conns) {
+  if (a->nconns >= a->limits.max_conns && !admin_evict_idle(a)) {
     admin_refuse(a);
     return;
   }
@@ -674,11 +824,16 @@ static void on_listener_closed(uv_handle_t *h) {
   admin_check_done(a);
 }
 
+static void on_idle_closed(uv_handle_t *h) {
+  px_admin *a = h->data;
+  a->idle_open = false;
+  admin_check_done(a);
+}
+
 void px_admin_set_limits(px_admin *a, const px_admin_limits *l) {
   px_admin_limits d = l ? *l : (px_admin_limits){0};
   a->limits.max_conns = d.max_conns ? d.max_conns : DEFAULT_MAX_CONNS;
   a->limits.timeout_ms = d.timeout_ms ? d.timeout_ms : DEFAULT_TIMEOUT_MS;
-  a->limits.max_output = d.max_output ? d.max_output : DEFAULT_MAX_OUTPUT;
 }
 
 /* Bind and listen on `ss`; on failure the listener is already closing. */
@@ -728,6 +883,9 @@ int px_admin_start(px_admin *a, uv_loop_t *loop, const char *host,
              PX_S("error", uv_strerror(rc)));
     return rc;
   }
+  uv_idle_init(loop, &a->idle); /* cannot fail */
+  a->idle.data = a;
+  a->idle_open = true;
   px_info("admin_listening", PX_S("address", a->addr));
   return 0;
 }
@@ -738,6 +896,8 @@ void px_admin_stop(px_admin *a, void (*done)(void *arg), void *arg) {
   a->done_arg = arg;
   if (a->listener_open && !uv_is_closing((uv_handle_t *)&a->listener))
     uv_close((uv_handle_t *)&a->listener, on_listener_closed);
+  if (a->idle_open && !uv_is_closing((uv_handle_t *)&a->idle))
+    uv_close((uv_handle_t *)&a->idle, on_idle_closed);
   for (px_admin_conn *c = a->conns; c; c = c->next)
     conn_close(c); /* unlinked in its close callback */
   admin_check_done(a);

@@ -3,28 +3,49 @@
  *
  * Requests are parsed with llhttp. The router sees the method and the path
  * (no query string) and fills a px_admin_response; this module writes the
- * status line, Content-Type, Content-Length and Connection headers and the
- * body. Keep-alive and pipelining follow HTTP/1.1 (responses in request
- * order); HTTP/1.0 closes unless the request asked for keep-alive.
+ * status line, Content-Type, the framing (Content-Length, or
+ * Transfer-Encoding: chunked for a streamed body) and Connection headers
+ * and the body. Keep-alive and pipelining follow HTTP/1.1 (responses in
+ * request order); HTTP/1.0 closes unless the request asked for keep-alive.
  *
- * Nothing an admin client does can block the loop or grow memory without
- * bound:
+ * A body is either complete when the router returns, or streamed: the
+ * router sets a producer (px_admin_stream) that the module calls again each
+ * time the previous slice has been written, until it says it is done. To an
+ * HTTP/1.1 client a streamed body goes out chunked; to HTTP/1.0 it is
+ * delimited by closing the connection; a HEAD request gets the headers only
+ * and the producer is never called.
+ *
+ * The limits, as a contract: nothing an admin client does can block the
+ * loop for long or grow memory without bound.
+ *   - One response in flight per connection: the next pipelined request is
+ *     parsed (and the socket read) only once the previous answer has been
+ *     completely written. The unparsed input kept aside meanwhile is at most
+ *     one read (16 KiB).
+ *   - Work per loop iteration and connection: routing one request, or
+ *     producing one slice of a streamed body (the producer is called only
+ *     from a write's completion). A router that renders something big
+ *     streams it.
+ *   - Pending output per connection: one response, i.e. one complete body
+ *     (at most PX_ADMIN_MAX_RESPONSE bytes) or one slice (about
+ *     PX_ADMIN_SLICE bytes, as the producer promises), plus its headers.
  *   - request line + headers over PX_ADMIN_MAX_HEAD bytes -> 431, close;
  *   - a request body is read and dropped up to PX_ADMIN_MAX_BODY bytes,
  *     larger -> 413, close; the router never sees a body;
  *   - malformed HTTP -> 400, close;
- *   - at most `max_conns` connections; over it a new connection is accepted
- *     and closed at once, with one warn line per burst of refusals;
- *   - a connection must complete a request (or have a response written)
- *     within `timeout_ms`, or it is closed;
- *   - once more than `max_output` bytes of responses wait to be written, the
- *     connection's next pipelined request is not parsed (nor its socket read)
- *     until the client has read enough; a client that stops reading is closed
- *     by the timeout. Pending output is thus at most `max_output` plus one
- *     response (itself at most PX_ADMIN_MAX_RESPONSE bytes).
- * After an error response (or `Connection: close`) the write side is shut
- * down and input is discarded for a short linger before the socket closes,
- * so the client reads the response instead of a reset.
+ *   - at most `max_conns` connections (closing ones included). When a new
+ *     connection arrives at the cap, the oldest idle one (kept alive
+ *     between requests: nothing of a request read, no response in flight)
+ *     is closed to make room, with an info line and `conns_evicted`; only
+ *     if none is idle, the new one is accepted and closed at once, with one
+ *     warn line per burst of refusals. So a probe gets an answer however
+ *     many keep-alive clients sit on the endpoint;
+ *   - a connection must complete a request, and a response in flight must
+ *     make progress (one write completed), within `timeout_ms`, or it is
+ *     closed; a client that stops reading is closed by it.
+ * After an error response (or `Connection: close`, or a close-delimited
+ * body) the write side is shut down and input is discarded for a short
+ * linger before the socket closes, so the client reads the response
+ * instead of a reset.
  */
 #ifndef PX_ADMIN_H
 #define PX_ADMIN_H
@@ -36,15 +57,34 @@
 
 #define PX_ADMIN_MAX_HEAD 8192                    /* request line + headers */
 #define PX_ADMIN_MAX_BODY 8192                    /* ignored request body */
-#define PX_ADMIN_MAX_RESPONSE (16u * 1024 * 1024) /* one response body */
+#define PX_ADMIN_MAX_RESPONSE (16u * 1024 * 1024) /* one body or slice */
 #define PX_ADMIN_MAX_EXTRA_HEADERS 512            /* px_admin_header bytes */
+#define PX_ADMIN_SLICE (64u * 1024) /* what a producer appends per call */
+
+struct px_admin_response;
+
+/* Produce the next slice of a streamed body: append it to `resp` with the
+ * helpers below (the body is empty at each call; the buffer is reused).
+ * Append about PX_ADMIN_SLICE bytes, never much more: the module calls
+ * again only once this slice is written, which is what keeps one loop
+ * iteration short. Return true while more is to come (having appended at
+ * least one byte), false with the last slice (possibly empty). A helper
+ * failure (`failed`) ends the response: the connection is closed without
+ * the chunked terminator, so the client sees a truncated body. Called on
+ * the loop; must not block and must not call px_admin_stop. Between calls
+ * the objects the producer reads may change or be freed: keep a cursor
+ * that survives that in `state`, never a pointer into them. */
+typedef bool (*px_admin_produce_fn)(void *state,
+                                    struct px_admin_response *resp);
 
 /* What the router answers. The module initialises it before each call:
- * status 200, content_type NULL ("text/plain; charset=utf-8"), empty body.
- * `body` is owned by the module (malloc'ed by the helpers below); the router
- * only writes it through the helpers. A helper that fails (over
- * PX_ADMIN_MAX_RESPONSE, out of memory, bad header) sets `failed`, and the
- * client then gets a 500 instead of a truncated answer. */
+ * status 200, content_type NULL ("text/plain; charset=utf-8"), empty body,
+ * no producer. `body` is owned by the module (malloc'ed by the helpers
+ * below); the router only writes it through the helpers. A helper that
+ * fails (over PX_ADMIN_MAX_RESPONSE, out of memory, bad header) sets
+ * `failed`, and the client then gets a 500 instead of a truncated answer.
+ * With a producer (px_admin_stream), what the router appended is the start
+ * of the body and the producer's slices follow. */
 typedef struct px_admin_response {
   int status;               /* 200..599; anything else is sent as 500 */
   const char *content_type; /* static or outliving the call; no CR/LF */
@@ -53,7 +93,20 @@ typedef struct px_admin_response {
   char headers[PX_ADMIN_MAX_EXTRA_HEADERS]; /* "Name: value\r\n"... */
   size_t headers_len;
   bool failed;
+  px_admin_produce_fn produce; /* set by px_admin_stream */
+  void (*release)(void *state);
+  void *state;
 } px_admin_response;
+
+/* Make the body streamed: after what the router appended, `produce(state,
+ * resp)` is called for each further slice (see px_admin_produce_fn).
+ * `release(state)` (may be NULL) is called exactly once when the module is
+ * done with `state`: after the last slice, or at once for a HEAD request
+ * or a failed response, or when the connection goes away (client gone,
+ * timeout, px_admin_stop). A NULL `state` (an allocation the router could
+ * not make) sets `failed`. Call at most once per response. */
+void px_admin_stream(px_admin_response *resp, px_admin_produce_fn produce,
+                     void (*release)(void *state), void *state);
 
 /* Append `len` bytes to the body. Returns 0, or -1 (and sets `failed`). */
 int px_admin_append(px_admin_response *resp, const void *data, size_t len);
@@ -64,7 +117,8 @@ int px_admin_printf(px_admin_response *resp, const char *fmt, ...)
 
 /* Add a response header, e.g. ("Allow", "GET, HEAD"). `name` must be an
  * HTTP token and `value` free of CR, LF and NUL; the module's own headers
- * (Content-Type, Content-Length, Connection) are not to be set here.
+ * (Content-Type, Content-Length, Transfer-Encoding, Connection) are not to
+ * be set here.
  * Returns 0, or -1 (`failed`) if invalid or over PX_ADMIN_MAX_EXTRA_HEADERS. */
 int px_admin_header(px_admin_response *resp, const char *name,
                     const char *value);
@@ -81,14 +135,14 @@ typedef void (*px_admin_route_fn)(void *ctx, const char *method,
 /* Limits; a zero field means its default. */
 typedef struct px_admin_limits {
   unsigned max_conns;  /* simultaneous connections, default 64 */
-  uint64_t timeout_ms; /* to complete a request / drain output, 10000 */
-  size_t max_output;   /* pending output that pauses parsing, 1 MiB */
+  uint64_t timeout_ms; /* to complete a request / make write progress, 10000 */
 } px_admin_limits;
 
 /* Counters for metrics; read-only for the caller. */
 typedef struct px_admin_stats {
   uint64_t conns_total;   /* accepted and served */
-  uint64_t conns_refused; /* over max_conns */
+  uint64_t conns_refused; /* over max_conns, none idle */
+  uint64_t conns_evicted; /* idle, closed for a newcomer at max_conns */
   uint64_t requests;      /* routed */
   uint64_t errors;        /* 400, 413, 431 answers */
   uint64_t timeouts;      /* closed by the timeout */
@@ -108,7 +162,10 @@ typedef struct px_admin {
   struct px_admin_conn *conns; /* doubly linked, closing ones included */
   unsigned nconns;             /* entries in `conns` */
   unsigned nrefused_closing;   /* refused handles not yet closed */
+  uv_idle_t idle;              /* runs while writes have completed */
+  unsigned nready;             /* connections whose write completed */
   bool listener_open;
+  bool idle_open;
   bool stopping;
   bool refusing;          /* inside a burst of refusals */
   uint64_t burst_refused; /* refusals in the current burst */

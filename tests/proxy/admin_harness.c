@@ -1,15 +1,30 @@
 /* admin_harness.c - px_admin with a fixed router, for test_admin_http.py.
  *
  *   admin_harness [--host H] [--port N] [--max-conns N] [--timeout-ms N]
- *                 [--max-output N] [--debug]
+ *                 [--debug]
  *
  * Prints "port=N" on stdout once listening; exits 0 after SIGTERM/SIGINT
  * once every admin handle is closed, 1 if it cannot listen.
  *
- * Routes: GET /ok -> 200 "ok\n"; GET /big -> 200, BIG_SIZE bytes;
- * /method-check -> 200 for GET, 405 with Allow otherwise; GET /conns ->
- * the open admin connection count; anything else -> 404.
+ * Routes (GET, and HEAD as GET):
+ *   /ok -> "ok\n"; /big -> BIG_SIZE bytes, one letter per 4 KiB block
+ *   ('a', 'b', ...);
+ *   /method-check -> 200 for GET, 405 with Allow otherwise;
+ *   /conns -> the open admin connection count;
+ *   /count -> "routed=N": requests routed before, /count and /stats not
+ *   counted;
+ *   /stats -> "evicted=N refused=N streams=N slices=N max_per_iteration=N":
+ *   evicted and refused connections, producer states alive, slices
+ *   produced, the most requests routed between two polls for I/O, i.e. in
+ *   one loop iteration (/count and /stats not counted);
+ *   /stream -> streamed: "begin\n", STREAM_SLICES slices of PX_ADMIN_SLICE
+ *   bytes (slice i all 'a' + i % 26), then an empty last slice;
+ *   /stream-small -> streamed: "<" then slices "1\n", "2\n", "3\n" (last);
+ *   /stream-fail -> streamed: "begin\n", one slice "x\n", then a failing
+ *   one;
+ *   anything else -> 404.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,28 +34,110 @@
 #include "px_log.h"
 
 #define BIG_SIZE (2u * 1024 * 1024)
+#define STREAM_SLICES 320 /* 20 MiB: more than one body may be */
 
 typedef struct harness {
   uv_loop_t *loop;
   px_admin admin;
   uv_signal_t sigterm, sigint;
   int stopped;
+  uint64_t routed;       /* requests routed, /count and /stats excluded */
+  unsigned streams;      /* producer states not yet released */
+  uint64_t slices;       /* produced by every stream */
+  uv_check_t check;      /* runs after each poll for I/O */
+  uint64_t routed_now;   /* requests routed since the last poll */
+  uint64_t max_per_iter; /* the most routed between two polls */
 } harness;
+
+enum stream_kind { STREAM_BIG, STREAM_SMALL, STREAM_FAIL };
+
+typedef struct stream {
+  harness *h;
+  enum stream_kind kind;
+  unsigned next; /* slices produced */
+} stream;
+
+static void stream_release(void *arg) {
+  stream *st = arg;
+  st->h->streams--;
+  free(st);
+}
+
+static bool stream_produce(void *arg, px_admin_response *r) {
+  stream *st = arg;
+  unsigned i = st->next++;
+  st->h->slices++;
+  if (st->kind == STREAM_SMALL) {
+    px_admin_printf(r, "%u\n", i + 1);
+    return i + 1 < 3;
+  }
+  if (st->kind == STREAM_FAIL) {
+    if (i == 0)
+      return px_admin_append(r, "x\n", 2) == 0;
+    px_admin_append(r, "never sent", PX_ADMIN_MAX_RESPONSE + 1); /* fails */
+    return true;
+  }
+  if (i == STREAM_SLICES)
+    return false; /* an empty last slice */
+  char block[4096];
+  memset(block, 'a' + (int)(i % 26), sizeof block);
+  for (unsigned k = 0; k < PX_ADMIN_SLICE / sizeof block; k++)
+    px_admin_append(r, block, sizeof block);
+  return true;
+}
+
+static void route_stream(harness *h, enum stream_kind kind,
+                         px_admin_response *r) {
+  stream *st = malloc(sizeof *st);
+  if (st) {
+    *st = (stream){.h = h, .kind = kind};
+    h->streams++;
+  }
+  px_admin_stream(r, stream_produce, stream_release, st);
+  px_admin_printf(r, kind == STREAM_SMALL ? "<" : "begin\n");
+}
+
+static void route_blocks(px_admin_response *r, size_t size) {
+  char block[4096];
+  r->content_type = "application/octet-stream";
+  for (unsigned i = 0; i < size / sizeof block; i++) {
+    memset(block, 'a' + (int)(i % 26), sizeof block);
+    px_admin_append(r, block, sizeof block);
+  }
+}
 
 static void route(void *ctx, const char *method, const char *path,
                   px_admin_response *r) {
   harness *h = ctx;
   bool get = strcmp(method, "GET") == 0;
-  char chunk[4096];
 
+  if (get && strcmp(path, "/count") == 0) {
+    px_admin_printf(r, "routed=%llu\n", (unsigned long long)h->routed);
+    return;
+  }
+  if (get && strcmp(path, "/stats") == 0) {
+    px_admin_printf(r,
+                    "evicted=%llu refused=%llu streams=%u slices=%llu "
+                    "max_per_iteration=%llu\n",
+                    (unsigned long long)h->admin.stats.conns_evicted,
+                    (unsigned long long)h->admin.stats.conns_refused,
+                    h->streams, (unsigned long long)h->slices,
+                    (unsigned long long)h->max_per_iter);
+    return;
+  }
+  h->routed++;
+  if (++h->routed_now > h->max_per_iter)
+    h->max_per_iter = h->routed_now;
   if (get && strcmp(path, "/ok") == 0) {
     px_admin_append(r, "ok\n", 3);
   } else if (get && strcmp(path, "/big") == 0) {
-    r->content_type = "application/octet-stream";
-    for (unsigned i = 0; i < BIG_SIZE / sizeof chunk; i++) {
-      memset(chunk, 'a' + (int)(i % 26), sizeof chunk);
-      px_admin_append(r, chunk, sizeof chunk);
-    }
+    route_blocks(r, BIG_SIZE);
+  } else if (get && strcmp(path, "/stream") == 0) {
+    route_stream(h, STREAM_BIG, r);
+  } else if (get && strcmp(path, "/stream-small") == 0) {
+    route_stream(h, STREAM_SMALL, r);
+  } else if (get && strcmp(path, "/stream-fail") == 0) {
+    route_stream(h, STREAM_FAIL, r);
   } else if (strcmp(path, "/method-check") == 0) {
     if (get) {
       px_admin_printf(r, "method %s\n", method);
@@ -57,18 +154,25 @@ static void route(void *ctx, const char *method, const char *path,
   }
 }
 
+static void on_check(uv_check_t *check) {
+  harness *h = check->data;
+  h->routed_now = 0;
+}
+
 static void on_stopped(void *arg) {
   harness *h = arg;
   h->stopped = 1;
-  px_info("harness_stopped", "conns=%u", px_admin_connections(&h->admin));
+  px_info("harness_stopped", PX_U("conns", px_admin_connections(&h->admin)),
+          PX_U("streams", h->streams));
 }
 
 static void on_signal(uv_signal_t *sig, int signum) {
   harness *h = sig->data;
-  px_info("harness_signal", "signal=%d conns=%u", signum,
-          px_admin_connections(&h->admin));
+  px_info("harness_signal", PX_I("signal", signum),
+          PX_U("conns", px_admin_connections(&h->admin)));
   uv_close((uv_handle_t *)&h->sigterm, NULL);
   uv_close((uv_handle_t *)&h->sigint, NULL);
+  uv_close((uv_handle_t *)&h->check, NULL);
   px_admin_stop(&h->admin, on_stopped, h);
 }
 
@@ -98,8 +202,6 @@ static int parse_args(int argc, char **argv, const char **host,
       l->max_conns = (unsigned)v;
     else if (strcmp(opt, "--timeout-ms") == 0)
       l->timeout_ms = v;
-    else if (strcmp(opt, "--max-output") == 0)
-      l->max_output = (size_t)v;
     else
       return -1;
   }
@@ -115,11 +217,12 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv, &host, &port, &limits) < 0) {
     fprintf(stderr,
             "usage: %s [--host H] [--port N] [--max-conns N] "
-            "[--timeout-ms N] [--max-output N] [--debug]\n",
+            "[--timeout-ms N] [--debug]\n",
             argv[0]);
     return 2;
   }
 
+  signal(SIGPIPE, SIG_IGN); /* as rebound does: a failed write is an error */
   int rc = px_admin_start(&h.admin, h.loop, host, (uint16_t)port, route, &h);
   if (rc < 0) {
     uv_run(h.loop, UV_RUN_DEFAULT); /* let the listener's close finish */
@@ -139,6 +242,10 @@ int main(int argc, char **argv) {
   h.sigterm.data = h.sigint.data = &h;
   uv_signal_start(&h.sigterm, on_signal, SIGTERM);
   uv_signal_start(&h.sigint, on_signal, SIGINT);
+  uv_check_init(h.loop, &h.check);
+  h.check.data = &h;
+  uv_check_start(&h.check, on_check);
+  uv_unref((uv_handle_t *)&h.check);
 
   uv_run(h.loop, UV_RUN_DEFAULT);
   rc = uv_loop_close(h.loop);

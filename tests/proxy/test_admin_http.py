@@ -1,10 +1,12 @@
 """The admin HTTP server (src/proxy/px_admin.c) over real sockets.
 
 Each test starts tests/proxy/admin_harness.c (path in REBOUND_ADMIN_HARNESS)
-on a free port with a fixed router: GET /ok -> "ok\\n", GET /big -> 2 MiB,
-/method-check -> 405 for anything but GET, GET /conns -> open admin
-connections, anything else -> 404. Every harness is stopped with SIGTERM and
-must exit 0 with no sanitizer report (LeakSanitizer included).
+on a free port with a fixed router (its routes are listed at the top of
+admin_harness.c): GET /ok -> "ok\\n", GET /big -> 2 MiB, /method-check ->
+405 for anything but GET, GET /conns -> open admin connections, /count and
+/stats -> the harness's counters, /stream, /stream-small, /stream-fail ->
+streamed bodies, anything else -> 404. Every harness is stopped with SIGTERM
+and must exit 0 with no sanitizer report (LeakSanitizer included).
 """
 
 import http.client
@@ -19,6 +21,10 @@ import pytest
 
 HARNESS = os.environ.get("REBOUND_ADMIN_HARNESS")
 BIG = 2 * 1024 * 1024
+SLICE = 64 * 1024  # PX_ADMIN_SLICE
+STREAM_SLICES = 320
+STREAM_BODY = b"begin\n" + b"".join(
+    bytes([ord("a") + i % 26]) * SLICE for i in range(STREAM_SLICES))
 
 pytestmark = pytest.mark.skipif(
     not HARNESS, reason="REBOUND_ADMIN_HARNESS is not set")
@@ -62,6 +68,18 @@ class Harness:
             return r.status, dict(r.getheaders()), r.read()
         finally:
             c.close()
+
+    def stats(self):
+        """The harness's counters (/stats) as a dict of ints."""
+        status, _, body = self.get("/stats")
+        assert status == 200
+        return {k: int(v) for k, v in
+                (kv.split("=") for kv in body.decode().split())}
+
+    def routed(self):
+        status, _, body = self.get("/count")
+        assert status == 200
+        return int(body.decode().split("=")[1])
 
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -107,17 +125,52 @@ def harness(start):
 
 
 class Reader:
-    """Reads HTTP/1.1 responses off a raw socket, one at a time."""
+    """Reads HTTP/1.1 responses off a raw socket, one at a time: bodies by
+    Content-Length, chunked (the chunk sizes are kept in `chunks`) or
+    delimited by the connection's end."""
 
     def __init__(self, sock):
         self.sock = sock
         self.buf = b""
+        self.chunks = []
 
     def _fill(self):
-        data = self.sock.recv(65536)
+        data = self.sock.recv(1 << 20)
         if not data:
             raise EOFError("connection closed")
         self.buf += data
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _chunked(self):
+        body, self.chunks = [], []
+        while True:
+            size = int(self._line(), 16)
+            if size == 0:
+                assert self._line() == b"", "trailer after the last chunk"
+                return b"".join(body)
+            self.chunks.append(size)
+            body.append(self._take(size))
+            assert self._take(2) == b"\r\n", "chunk not followed by CRLF"
+
+    def _until_eof(self):
+        try:
+            while True:
+                self._fill()
+        except EOFError:
+            pass
+        body, self.buf = self.buf, b""
+        return body
 
     def response(self, head_only=False):
         while b"\r\n\r\n" not in self.buf:
@@ -130,10 +183,16 @@ class Reader:
         for line in lines[1:]:
             name, value = line.split(":", 1)
             headers[name.strip().lower()] = value.strip()
-        n = 0 if head_only else int(headers["content-length"])
-        while len(self.buf) < n:
-            self._fill()
-        body, self.buf = self.buf[:n], self.buf[n:]
+        if head_only:
+            body = b""
+        elif headers.get("transfer-encoding") == "chunked":
+            assert "content-length" not in headers
+            body = self._chunked()
+        elif "content-length" in headers:
+            body = self._take(int(headers["content-length"]))
+        else:
+            assert headers["connection"] == "close"
+            body = self._until_eof()
         return int(status), headers, body
 
     def closed(self):
@@ -238,6 +297,41 @@ def test_pipelined_requests_split_at_every_byte(harness):
         assert [rd.response()[0] for _ in range(3)] == [200, 405, 404]
 
 
+def test_pipelined_requests_routed_one_per_loop_iteration(harness):
+    """400 requests arriving at once are not answered in one go: the next is
+    parsed only once the previous answer has been written, so no loop
+    iteration routes more than one request of a connection."""
+    with harness.connect() as s:
+        s.sendall(req("/ok") * 400)
+        rd = Reader(s)
+        for _ in range(400):
+            assert rd.response()[::2] == (200, b"ok\n")
+    stats = harness.stats()
+    assert stats["max_per_iteration"] == 1, stats
+
+
+def test_next_request_waits_until_answer_written(harness):
+    """While the client does not read a big answer, the requests pipelined
+    behind it are neither parsed nor answered."""
+    with harness.connect(rcvbuf=4096) as s:
+        s.sendall(req("/stream") + req("/ok") * 5)
+        assert wait_for(lambda: harness.stats()["streams"] == 1)
+        produced = []
+
+        def settled():  # the socket buffers are full: no slice moves
+            produced.append(harness.stats()["slices"])
+            return len(produced) >= 3 and len(set(produced[-3:])) == 1
+        assert wait_for(settled, timeout=10)
+        assert produced[-1] < STREAM_SLICES, "the whole stream was produced"
+        assert harness.routed() == 1, "a request behind the answer was parsed"
+        rd = Reader(s)
+        assert rd.response()[::2] == (200, STREAM_BODY)
+        for _ in range(5):
+            assert rd.response()[::2] == (200, b"ok\n")
+    assert harness.routed() == 6
+    assert harness.stats()["streams"] == 0
+
+
 def test_connection_close_honoured(harness):
     with harness.connect() as s:
         s.sendall(req("/ok", headers=["Connection: close"]) + req("/ok"))
@@ -262,6 +356,120 @@ def test_http10_closes_unless_keep_alive(harness):
                           headers=["Connection: keep-alive"]))
             status, headers, _ = rd.response()
             assert (status, headers["connection"]) == (200, "keep-alive")
+
+
+# ---- streamed bodies ----
+
+def test_streamed_body_chunked_then_next_request(harness):
+    with harness.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/stream") + req("/stream-small") + req("/ok"))
+        status, headers, body = rd.response()
+        assert status == 200
+        assert headers["transfer-encoding"] == "chunked"
+        assert headers["connection"] == "keep-alive"
+        assert body == STREAM_BODY  # 20 MiB: over any one-shot body's limit
+        assert rd.chunks == [len(b"begin\n")] + [SLICE] * STREAM_SLICES
+        status, headers, body = rd.response()
+        assert (status, body) == (200, b"<1\n2\n3\n")
+        assert rd.chunks == [1, 2, 2, 2]
+        assert rd.response()[::2] == (200, b"ok\n")
+    # A client library reads it as any other body.
+    status, headers, body = harness.get("/stream-small")
+    assert (status, body) == (200, b"<1\n2\n3\n")
+    assert harness.stats()["streams"] == 0
+
+
+@pytest.mark.parametrize("path,body", [("/stream-small", b"<1\n2\n3\n"),
+                                       ("/stream", STREAM_BODY)],
+                         ids=["last_slice_full", "last_slice_empty"])
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_streamed_body_to_http10_ends_with_the_connection(harness, path, body,
+                                                          keep_alive):
+    with harness.connect() as s:
+        extra = ["Connection: keep-alive"] if keep_alive else []
+        s.sendall(req(path, version="1.0", headers=extra) + req("/ok"))
+        rd = Reader(s)
+        status, headers, got = rd.response()
+        assert status == 200
+        assert headers["connection"] == "close"
+        assert "content-length" not in headers
+        assert "transfer-encoding" not in headers
+        assert got == body  # read up to the server's close
+    assert harness.stats()["streams"] == 0
+    assert harness.routed() == 1, "the request after it was answered"
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_head_of_streamed_body_headers_only(harness, version):
+    with harness.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/stream-small", version=version))
+        _, get_headers, _ = rd.response()
+    with harness.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/stream-small", "HEAD", version=version) + req("/ok"))
+        status, headers, _ = rd.response(head_only=True)
+        assert (status, headers) == (200, get_headers)
+        if version == "1.1":  # the next response follows the head at once
+            assert rd.response()[::2] == (200, b"ok\n")
+        else:
+            assert rd.closed()
+    stats = harness.stats()
+    assert (stats["streams"], stats["slices"]) == (0, 3), stats
+
+
+def test_stream_failure_truncates_and_closes(harness):
+    with harness.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/stream-fail") + req("/ok"))
+        with pytest.raises(EOFError):
+            rd.response()
+        assert rd.chunks == [len(b"begin\n"), 2], "chunks before the failure"
+    assert wait_for(lambda: "msg=admin_stream_failed" in harness.stderr())
+    assert "level=warn msg=admin_stream_failed" in harness.stderr()
+    assert harness.stats()["streams"] == 0
+    assert harness.routed() == 1
+
+
+def test_stream_not_read_bounded_and_released_at_timeout(start):
+    """A client that stops reading a stream holds one slice, not the body,
+    and the producer's state goes with the connection at the timeout."""
+    h = start("--timeout-ms", 1500)
+    time.sleep(0.2)
+    rss0 = h.rss_kib()
+    stalled = [h.connect(rcvbuf=4096) for _ in range(8)]
+    for s in stalled:
+        s.sendall(req("/stream"))
+    assert wait_for(lambda: h.stats()["streams"] == 8)
+    for _ in range(20):
+        assert h.get("/ok")[::2] == (200, b"ok\n")
+    assert h.rss_kib() - rss0 < 24 * 1024  # the 8 bodies would be 160 MiB
+    assert h.stats()["slices"] < 8 * STREAM_SLICES // 2
+    assert wait_for(lambda: h.stats()["streams"] == 0, timeout=8)
+    for s in stalled:
+        assert Reader(s).closed() is not None
+        s.close()
+
+
+def test_stream_released_when_client_leaves(harness):
+    s = harness.connect(rcvbuf=4096)
+    s.sendall(req("/stream"))
+    assert s.recv(1000).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert harness.stats()["streams"] == 1
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+    s.close()  # a reset: the next write fails
+    assert wait_for(lambda: harness.stats()["streams"] == 0)
+
+
+def test_sigterm_mid_stream_releases_state(start):
+    h = start()
+    s = h.connect(rcvbuf=4096)
+    s.sendall(req("/stream"))
+    assert wait_for(lambda: h.stats()["streams"] == 1)
+    err = h.stop()  # LeakSanitizer would report a producer state left
+    assert "msg=harness_stopped conns=0 streams=0" in err
+    s.close()
 
 
 # ---- bad requests ----
@@ -363,28 +571,111 @@ def test_head_same_headers_as_get_no_body(harness):
 
 # ---- limits ----
 
+def busy_conn(h, tail=b"GET /ok HTTP/1.1\r\nHost:"):
+    """A connection the harness has seen start a request it has not
+    finished: `tail` follows a complete request in one segment, and once
+    that request's answer is read, the harness has parsed `tail` too (it
+    does so when the answer's write completes, before it polls again)."""
+    s = h.connect()
+    rd = Reader(s)
+    s.sendall(req("/ok") + tail)
+    assert rd.response()[::2] == (200, b"ok\n")
+    return s, rd
+
+
 @pytest.mark.parametrize("args,cap", [((), 64), (("--max-conns", 4), 4)],
                          ids=["default_64", "configured_4"])
-def test_connection_cap(start, args, cap):
+def test_connection_cap_refuses_when_none_idle(start, args, cap):
+    h = start(*args)
+    kept = [busy_conn(h) for _ in range(cap)]
+    for _ in range(3):  # one burst of refusals
+        with h.connect(timeout=3) as extra:
+            assert Reader(extra).closed(), "over-cap connection was kept"
+    for s, rd in kept:  # none was closed to make room
+        s.sendall(b" test\r\n\r\n")
+        assert rd.response()[::2] == (200, b"ok\n")
+        s.sendall(b"GET /ok HTTP/1.1\r\nHost:")  # busy again
+    assert wait_for(lambda: h.stderr().count("msg=admin_conn_refused ") == 1)
+    assert "level=warn msg=admin_conn_refused address=127.0.0.1:" in h.stderr()
+    assert "msg=admin_conn_evicted" not in h.stderr()
+    kept.pop()[0].close()
+    assert wait_for(lambda: "msg=admin_conn_refused_end" in h.stderr())
+    with h.connect() as s:
+        rd = Reader(s)
+        s.sendall(req("/stats") + req("/conns"))
+        assert rd.response()[2].startswith(b"evicted=0 refused=3 ")
+        assert rd.response()[::2] == (200, f"{cap}\n".encode())
+    for s, _ in kept:
+        s.close()
+
+
+@pytest.mark.parametrize("args,cap", [((), 64), (("--max-conns", 4), 4)],
+                         ids=["default_64", "configured_4"])
+def test_idle_keep_alive_closed_for_newcomer(start, args, cap):
+    """Keep-alive clients sitting on every slot do not lock a probe out:
+    the connection idle the longest makes room."""
     h = start(*args)
     kept = [h.connect() for _ in range(cap)]
     readers = [Reader(s) for s in kept]
     for s, rd in zip(kept, readers):
         s.sendall(req("/ok"))
         assert rd.response()[0] == 200
-    for _ in range(3):  # one burst of refusals
-        with h.connect(timeout=3) as extra:
-            assert Reader(extra).closed(), "over-cap connection was kept"
-    for s, rd in zip(kept, readers):
-        s.sendall(req("/ok"))
+    time.sleep(0.02)  # let the loop clock move: kept[0] is then used last
+    kept[0].sendall(req("/ok"))
+    assert readers[0].response()[0] == 200
+    with h.connect(timeout=3) as probe:
+        rd = Reader(probe)
+        probe.sendall(req("/ok"))
         assert rd.response()[::2] == (200, b"ok\n")
-    assert wait_for(lambda: h.stderr().count("msg=admin_conn_refused ") == 1)
-    assert "level=warn msg=admin_conn_refused address=127.0.0.1:" in h.stderr()
-    kept.pop().close()
-    assert wait_for(lambda: "msg=admin_conn_refused_end" in h.stderr())
-    status, _, body = h.get("/conns")
-    assert (status, body) == (200, f"{cap}\n".encode())
+        assert readers[1].closed(), "the longest idle was not the one closed"
+        for s, r in list(zip(kept, readers))[:1] + list(zip(kept, readers))[2:]:
+            s.sendall(req("/ok"))
+            assert r.response()[::2] == (200, b"ok\n")
+        probe.sendall(req("/stats"))
+        _, _, body = rd.response()
+        assert b"evicted=1 refused=0 " in body
+    lines = [ln for ln in h.stderr().splitlines() if "admin_conn_evicted" in ln]
+    assert len(lines) == 1, lines
+    assert "level=info msg=admin_conn_evicted address=127.0.0.1:" in lines[0]
+    assert f"max_conns={cap}" in lines[0]
+    assert "refused" not in h.stderr()
     for s in kept:
+        s.close()
+
+
+def test_non_idle_connection_not_evicted(start):
+    """At the cap only an idle connection is closed for a newcomer: not one
+    inside a request (head or body) nor one whose answer is in flight."""
+    h = start("--max-conns", 5)
+    head, head_rd = busy_conn(h)
+    body, body_rd = busy_conn(
+        h, b"GET /ok HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\nabc")
+    stream = h.connect(rcvbuf=4096)
+    stream_rd = Reader(stream)
+    stream.sendall(req("/ok") + req("/stream"))
+    assert stream_rd.response()[::2] == (200, b"ok\n")  # /stream now routed
+    idle = h.connect()
+    idle_rd = Reader(idle)
+    idle.sendall(req("/ok"))
+    assert idle_rd.response()[0] == 200
+    # Slot 5 taken by a connection that completes a request later: busy.
+    late, late_rd = busy_conn(h)
+    newcomer, newcomer_rd = busy_conn(h)  # takes the idle one's place
+    assert idle_rd.closed()
+    with h.connect(timeout=3) as extra:
+        assert Reader(extra).closed(), "a busy connection was closed for it"
+    head.sendall(b" test\r\n\r\n")
+    assert head_rd.response()[::2] == (200, b"ok\n")
+    body.sendall(b"defghij")
+    assert body_rd.response()[::2] == (200, b"ok\n")
+    late.sendall(b" test\r\n\r\n")
+    assert late_rd.response()[::2] == (200, b"ok\n")
+    assert stream_rd.response()[::2] == (200, STREAM_BODY)
+    newcomer.sendall(b" test\r\n\r\n" + req("/stats"))
+    assert newcomer_rd.response()[::2] == (200, b"ok\n")
+    _, _, stats = newcomer_rd.response()
+    assert stats.startswith(b"evicted=1 refused=1 streams=0 "), stats
+    for s in (head, body, stream, idle, late, newcomer):
         s.close()
 
 
@@ -433,7 +724,7 @@ def test_client_not_reading_big_does_not_block_others(start):
         status, _, body = h.get("/ok")
         assert (status, body) == (200, b"ok\n")
     assert time.monotonic() - t0 < 5
-    # Only about max_output plus one response is ever waiting.
+    # Only one response per connection is ever waiting.
     assert h.rss_kib() - rss0 < 48 * 1024
     assert h.get("/conns")[2] == b"2\n"
     # The stalled client is closed by the timeout; the others carry on.
