@@ -1,5 +1,6 @@
 /* px_status.c - the /v1/status document (px_metrics.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "px_admin.h"
@@ -78,9 +79,71 @@ static void status_config(px_server *srv, px_admin_response *r) {
   px_admin_printf(r, "]}}");
 }
 
+/* The sessions are written a slice at a time, and sessions open and close
+ * between slices. The cursor is the id of the last session written:
+ * px_session_accept prepends each new session with the next id, so ids
+ * decrease along srv->sessions and the walk resumes at the first id below
+ * the cursor (skipping newer sessions costs a pointer step each). Sessions
+ * opened after the document began are not listed; those that close before
+ * their turn are not either. No pointer into a session is kept. */
+typedef struct status_stream {
+  px_server *srv;
+  uint64_t before;  /* list sessions with an id below this */
+  uint64_t listed;  /* sessions written so far */
+  unsigned pending; /* their retries_pending */
+  uint64_t now;     /* loop time when the document began */
+} status_stream;
+
+static void status_session(status_stream *st, const px_session *s,
+                           px_admin_response *r) {
+  px_admin_printf(r, "%s{\"id\":%llu,\"peer\":", st->listed ? "," : "",
+                  (unsigned long long)s->id);
+  json_string(r, s->peer);
+  px_admin_printf(r, ",\"user\":");
+  json_string(r, s->user);
+  px_admin_printf(r, ",\"vhost\":");
+  json_string(r, s->vhost);
+  px_admin_printf(r,
+                  ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
+                  "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
+                  "\"retries_pending\":%u,\"cache_bytes\":%llu}",
+                  px_state_name(s->state), (unsigned)s->nchans,
+                  (unsigned long long)s->client.bytes_in,
+                  (unsigned long long)s->client.bytes_out,
+                  (double)(st->now - s->started_ms) / 1000.0, (unsigned)s->nops,
+                  (unsigned long long)s->cache_bytes);
+  st->listed++;
+  st->pending += s->nops;
+  st->before = s->id;
+}
+
+/* One slice: sessions until about PX_ADMIN_SLICE bytes, then, once they
+ * are all written, the rest of the document. */
+static bool status_produce(void *arg, px_admin_response *r) {
+  status_stream *st = arg;
+  px_server *srv = st->srv;
+  const px_session *s = srv->sessions;
+  while (s && s->id >= st->before)
+    s = s->next;
+  for (; s && r->len < PX_ADMIN_SLICE; s = s->next)
+    status_session(st, s, r);
+  if (s)
+    return true;
+  px_admin_printf(r, "],\"retries_pending\":%u,\"cache_bytes\":%llu,",
+                  st->pending, (unsigned long long)srv->stats.cache_bytes);
+  status_config(srv, r);
+  px_admin_printf(r, "}\n");
+  return false;
+}
+
+/* /v1/status, streamed: the head of the document now, the sessions and the
+ * rest in slices (status_produce). */
 void px_status_render(px_server *srv, px_admin_response *r) {
   uint64_t now = uv_now(srv->loop);
-  unsigned pending = 0;
+  status_stream *st = malloc(sizeof *st);
+  if (st)
+    *st = (status_stream){.srv = srv, .before = srv->next_id + 1, .now = now};
+  px_admin_stream(r, status_produce, free, st);
   r->content_type = "application/json";
   px_admin_printf(r,
                   "{\"version\":\"%s\",\"uptime_seconds\":%.3f,"
@@ -90,28 +153,4 @@ void px_status_render(px_server *srv, px_admin_response *r) {
                   srv->draining ? "true" : "false");
   json_addr(r, &srv->cfg->listen);
   px_admin_printf(r, "],\"sessions\":[");
-  for (px_session *s = srv->sessions; s; s = s->next) {
-    pending += s->nops;
-    px_admin_printf(r,
-                    "%s{\"id\":%llu,\"peer\":", s == srv->sessions ? "" : ",",
-                    (unsigned long long)s->id);
-    json_string(r, s->peer);
-    px_admin_printf(r, ",\"user\":");
-    json_string(r, s->user);
-    px_admin_printf(r, ",\"vhost\":");
-    json_string(r, s->vhost);
-    px_admin_printf(r,
-                    ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
-                    "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
-                    "\"retries_pending\":%u,\"cache_bytes\":%llu}",
-                    px_state_name(s->state), (unsigned)s->nchans,
-                    (unsigned long long)s->client.bytes_in,
-                    (unsigned long long)s->client.bytes_out,
-                    (double)(now - s->started_ms) / 1000.0, (unsigned)s->nops,
-                    (unsigned long long)s->cache_bytes);
-  }
-  px_admin_printf(r, "],\"retries_pending\":%u,\"cache_bytes\":%llu,", pending,
-                  (unsigned long long)srv->stats.cache_bytes);
-  status_config(srv, r);
-  px_admin_printf(r, "}\n");
 }
