@@ -15,6 +15,10 @@
 
 /* Upper bound on frame-max when a peer negotiates 0 ("no limit"). */
 #define PX_FRAME_MAX_CAP (4u * 1024 * 1024)
+/* The largest body a broker may announce. RabbitMQ refuses messages over
+ * 512 MiB (its max_message_size cannot be set higher); anything past 4 GiB
+ * is a broken or hostile peer, and sizes near 2^64 would overflow sums. */
+#define PX_UPSTREAM_BODY_MAX UINT64_C(0xffffffff)
 /* Consecutive failures of rebound's channel before it stops reopening. */
 #define PX_OWN_MAX_FAILURES 3
 
@@ -40,8 +44,8 @@ static uint16_t find_free_up(const px_session *s) {
   return 0;
 }
 
-static int client_error(px_session *s, uint16_t code, const char *text,
-                        uint32_t id) {
+int px__client_error(px_session *s, uint16_t code, const char *text,
+                     uint32_t id) {
   s->srv->stats.protocol_errors++;
   px_warn("protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", "client"), PX_U("code", code), PX_S("error", text));
@@ -195,7 +199,7 @@ void px__chan_release(px_session *s, px_chan *c) {
   px_tab_set(&s->by_client, c->client_ch, NULL);
   if (c->up_ch && px_tab_get(&s->by_up, c->up_ch) == c)
     px_tab_set(&s->by_up, c->up_ch, NULL);
-  px_chan_drop_held(c);
+  px__drop_held(s, c);
   free(c);
   s->nchans--;
   if (s->own_state == PX_OWN_YIELDED && s->state == PX_S_OPEN &&
@@ -224,17 +228,21 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     return PX_FORWARD; /* the broker answers that */
   px_chan *c = calloc(1, sizeof *c);
   if (!c)
-    return client_error(s, 541, "INTERNAL_ERROR - out of memory",
-                        AMQP_CHANNEL_OPEN);
+    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+                            AMQP_CHANNEL_OPEN);
   c->client_ch = ch;
   c->state = PX_CH_OPENING;
   c->gen = ++s->chan_gen;
-  c->track.capture = -1;
   uint16_t up = up_free(s, ch) ? ch : find_free_up(s);
   if (up) {
     c->up_ch = up;
-    px_tab_set(&s->by_client, ch, c);
-    px_tab_set(&s->by_up, up, c);
+    if (px_tab_set(&s->by_client, ch, c) != 0 ||
+        px_tab_set(&s->by_up, up, c) != 0) {
+      px_tab_set(&s->by_client, ch, NULL);
+      free(c);
+      return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+                              AMQP_CHANNEL_OPEN);
+    }
     s->nchans++;
     if (up != ch) {
       s->srv->stats.channel_remaps++;
@@ -250,9 +258,13 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   }
   /* Every number is taken: rebound gives its own up, the client's
    * channel waits (held) until the broker confirms the close. */
+  if (px_tab_set(&s->by_client, ch, c) != 0) {
+    free(c);
+    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+                            AMQP_CHANNEL_OPEN);
+  }
   c->held = true;
   c->open_held = true;
-  px_tab_set(&s->by_client, ch, c);
   s->nchans++;
   s->yield_waiter = ch;
   if (s->own_state == PX_OWN_READY && s->nops == 0)
@@ -293,6 +305,12 @@ static void record_user(px_session *s, const amqp_method *m) {
 }
 
 static int client_tune_ok(px_session *s, const amqp_method *m) {
+  if (s->by_client.blocks || s->state != PX_S_HANDSHAKE)
+    return px__client_error(
+        s, 504,
+        "CHANNEL_ERROR - unexpected connection.tune-ok, the "
+        "connection is already tuned",
+        m->id);
   uint32_t ch = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u;
   uint32_t fm = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u;
   if (!ch)
@@ -304,9 +322,9 @@ static int client_tune_ok(px_session *s, const amqp_method *m) {
   if (s->frame_max < AMQP_FRAME_MIN_SIZE)
     s->frame_max = AMQP_FRAME_MIN_SIZE;
   s->heartbeat = (uint16_t)m->args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u;
-  if (!s->by_client.blocks && (px_tab_init(&s->by_client, s->channel_max) ||
-                               px_tab_init(&s->by_up, s->channel_max)))
-    return client_error(s, 541, "INTERNAL_ERROR - out of memory", m->id);
+  if (px_tab_init(&s->by_client, s->channel_max) ||
+      px_tab_init(&s->by_up, s->channel_max))
+    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory", m->id);
   return PX_FORWARD;
 }
 
@@ -314,20 +332,20 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
                                     uint32_t id) {
   amqp_method m;
   if (AMQP_METHOD_CLASS(id) != 10)
-    return client_error(
+    return px__client_error(
         s, 503, "COMMAND_INVALID - only connection methods on channel 0", id);
   if (id != AMQP_CONNECTION_START_OK && id != AMQP_CONNECTION_TUNE_OK &&
       id != AMQP_CONNECTION_OPEN && id != AMQP_CONNECTION_CLOSE &&
       id != AMQP_CONNECTION_CLOSE_OK)
     return PX_FORWARD;
-  int rc = amqp_method_decode(f->payload, &m);
+  int rc = amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
   if (rc != AMQP_OK) {
     char text[128];
     snprintf(text, sizeof text, "%s - %s",
              amqp_status_reply_code(rc) == 503 ? "COMMAND_INVALID"
                                                : "SYNTAX_ERROR",
              amqp_status_str(rc));
-    return client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
+    return px__client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
   }
   switch (id) {
   case AMQP_CONNECTION_START_OK:
@@ -349,9 +367,8 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     }
     px__set_state(s, PX_S_CLOSING);
     break;
-  case AMQP_CONNECTION_CLOSE_OK:
-    s->close_after = &s->upstream;
-    s->close_after_reason = "broker closed the connection";
+  case AMQP_CONNECTION_CLOSE_OK: /* to the broker's close: it hangs up */
+    px__finishing(s, "broker closed the connection");
     break;
   }
   return PX_FORWARD;
@@ -365,8 +382,8 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
     return PX_FORWARD; /* the broker discards it anyway */
   if (f->type == AMQP_FRAME_METHOD) {
     if (c->c2u != PX_CONTENT_NONE)
-      return client_error(s, 505,
-                          "UNEXPECTED_FRAME - method frame during content", id);
+      return px__client_error(
+          s, 505, "UNEXPECTED_FRAME - method frame during content", id);
     if (id == AMQP_BASIC_PUBLISH) {
       c->c2u = PX_CONTENT_HEADER;
       px__track_publish(c);
@@ -375,7 +392,7 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
   }
   if (f->type == AMQP_FRAME_HEADER) {
     if (c->c2u != PX_CONTENT_HEADER)
-      return client_error(
+      return px__client_error(
           s, 505, "UNEXPECTED_FRAME - content header without a content method",
           0);
     c->c2u_left = amqp_content_header_peek_size(f->payload);
@@ -383,8 +400,8 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
     return PX_FORWARD;
   }
   if (c->c2u != PX_CONTENT_BODY || f->payload.len > c->c2u_left)
-    return client_error(s, 505, "UNEXPECTED_FRAME - content body not expected",
-                        0);
+    return px__client_error(s, 505,
+                            "UNEXPECTED_FRAME - content body not expected", 0);
   c->c2u_left -= f->payload.len;
   if (c->c2u_left == 0)
     c->c2u = PX_CONTENT_NONE;
@@ -418,12 +435,12 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
  * with the codec's reply code. */
 static int decode_or_close(px_session *s, const amqp_frame *f, uint32_t id,
                            amqp_method *m) {
-  int rc = amqp_method_decode(f->payload, m);
+  int rc = amqp_method_decode_flags(f->payload, m, AMQP_DECODE_OPAQUE_TABLES);
   if (rc == AMQP_OK)
     return PX_FORWARD;
   char text[128];
   snprintf(text, sizeof text, "SYNTAX_ERROR - %s", amqp_status_str(rc));
-  return client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
+  return px__client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
 }
 
 /* Methods that tell which deliveries exist and what happens to them. */
@@ -459,23 +476,62 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
   return PX_FORWARD;
 }
 
+/* A channel the client is closing or the broker closed: the broker only
+ * looks at channel.close and close-ok there, so frames pass unexamined and
+ * nothing more is tracked for it. */
+static int client_frame_chan_closing(px_session *s, px_chan *c, uint8_t *raw,
+                                     uint32_t id) {
+  if (c->up_ch != c->client_ch)
+    px__set_channel(raw, c->up_ch);
+  if (id == AMQP_CHANNEL_CLOSE_OK)
+    px__chan_release(s, c);
+  return PX_FORWARD;
+}
+
+/* Is upstream channel `n` carrying something else than the client's own
+ * channel `n` (rebound's channel, or a client channel moved there)? */
+static bool up_taken(const px_session *s, uint16_t n) {
+  return (n == s->own_ch && own_active(s)) || px_tab_get(&s->by_up, n);
+}
+
+/* A frame on a channel the client has not opened. Where that number
+ * carries something else upstream, rebound answers as the broker would
+ * (504); otherwise the broker answers it. */
+static int client_unopened(px_session *s, const amqp_frame *f, uint32_t id) {
+  if (!up_taken(s, f->channel))
+    return PX_FORWARD;
+  return px__client_error(s, 504, "CHANNEL_ERROR - expected 'channel.open'",
+                          id);
+}
+
+/* After a connection.close (either way) the broker only looks at
+ * connection.close and close-ok; so does rebound. */
+static bool closing_ignores(const px_session *s, const amqp_frame *f,
+                            uint32_t id) {
+  return s->state == PX_S_CLOSING &&
+         !(f->channel == 0 &&
+           (id == AMQP_CONNECTION_CLOSE || id == AMQP_CONNECTION_CLOSE_OK));
+}
+
 int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan) {
   if (s->proxy_closing)
     return client_frame_closing(s, f);
-  if (f->type == AMQP_FRAME_HEARTBEAT)
-    return PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
+  if (closing_ignores(s, f, id))
+    return PX_DROP;
+  if (f->type == AMQP_FRAME_HEARTBEAT)
+    return PX_FORWARD;
   if (f->channel == 0) {
     if (f->type != AMQP_FRAME_METHOD)
-      return client_error(s, 505,
-                          "UNEXPECTED_FRAME - content frame on channel 0", 0);
+      return px__client_error(
+          s, 505, "UNEXPECTED_FRAME - content frame on channel 0", 0);
     return client_connection_method(s, f, id);
   }
   if (AMQP_METHOD_CLASS(id) == 10)
-    return client_error(s, 503,
-                        "COMMAND_INVALID - connection method on a channel", id);
+    return px__client_error(
+        s, 503, "COMMAND_INVALID - connection method on a channel", id);
   px_chan *c = px_tab_get(&s->by_client, f->channel);
   if (c && c->held) { /* waits, unexamined, until released */
     *hold_chan = c;
@@ -484,7 +540,9 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
   if (id == AMQP_CHANNEL_OPEN)
     return client_channel_open(s, f->channel, raw, hold_chan);
   if (!c)
-    return PX_FORWARD; /* not opened: the broker answers that */
+    return client_unopened(s, f, id);
+  if (c->state == PX_CH_SERVER_CLOSED || c->state == PX_CH_CLOSING)
+    return client_frame_chan_closing(s, c, raw, id);
   int act = client_content(s, f, c, id);
   if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
     act = client_basic_method(s, f, c, id);
@@ -542,7 +600,8 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
   amqp_method m;
   switch (id) {
   case AMQP_CONNECTION_TUNE:
-    if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
+    if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+        AMQP_OK) {
       s->offer_channel_max =
           (uint16_t)m.args[AMQP_F_CONNECTION_TUNE_CHANNEL_MAX].u;
       s->offer_frame_max = (uint32_t)m.args[AMQP_F_CONNECTION_TUNE_FRAME_MAX].u;
@@ -557,7 +616,8 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     own_open(s);
     break;
   case AMQP_CONNECTION_CLOSE:
-    if (amqp_method_decode(f->payload, &m) == AMQP_OK) {
+    if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+        AMQP_OK) {
       amqp_bytes t = m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b;
       px_info("broker_close", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_U("code", m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u),
@@ -565,15 +625,24 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     }
     px__set_state(s, PX_S_CLOSING);
     break;
-  case AMQP_CONNECTION_CLOSE_OK:
-    s->close_after = &s->client;
-    s->close_after_reason = "client closed the connection";
+  case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
+    px__finishing(s, "client closed the connection");
     break;
   }
   return PX_FORWARD;
 }
 
-static void upstream_content(px_chan *c, const amqp_frame *f, uint32_t id) {
+int px__upstream_error(px_session *s, const char *what) {
+  s->srv->stats.protocol_errors++;
+  px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("upstream", s->upstream_addr), PX_S("error", what));
+  px__close_client(s, 541, "INTERNAL_ERROR - protocol error from the broker", 0,
+                   0);
+  return PX_STOP;
+}
+
+static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
+                            uint32_t id) {
   switch (f->type) {
   case AMQP_FRAME_METHOD:
     if (id == AMQP_BASIC_DELIVER || id == AMQP_BASIC_GET_OK ||
@@ -582,6 +651,9 @@ static void upstream_content(px_chan *c, const amqp_frame *f, uint32_t id) {
     break;
   case AMQP_FRAME_HEADER:
     c->u2c_left = amqp_content_header_peek_size(f->payload);
+    if (c->u2c_left > PX_UPSTREAM_BODY_MAX)
+      return px__upstream_error(s, "content header announces an impossible "
+                                   "body size");
     c->u2c = c->u2c_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
     break;
   case AMQP_FRAME_BODY:
@@ -590,6 +662,7 @@ static void upstream_content(px_chan *c, const amqp_frame *f, uint32_t id) {
       c->u2c = PX_CONTENT_NONE;
     break;
   }
+  return PX_FORWARD;
 }
 
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
@@ -626,7 +699,8 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   case AMQP_BASIC_CONSUME_OK:
   case AMQP_BASIC_CANCEL_OK:
   case AMQP_BASIC_CANCEL:
-    if (amqp_method_decode(f->payload, &m) == AMQP_OK)
+    if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+        AMQP_OK)
       px__track_upstream_method(s, c, &m);
     else
       c->track.lost = true;
@@ -639,7 +713,7 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
     c->track.retries_pending = 0;
     if (!c->in_release) {
       c->held = c->open_held = false;
-      px_chan_drop_held(c);
+      px__drop_held(s, c);
     }
     break;
   }
@@ -662,7 +736,8 @@ int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   px_chan *c = px_tab_get(&s->by_up, f->channel);
   if (!c)
     return PX_FORWARD;
-  upstream_content(c, f, id);
+  if (upstream_content(s, c, f, id) != PX_FORWARD)
+    return PX_STOP;
   upstream_track(s, c, f, id);
   if (id == AMQP_CHANNEL_OPEN_OK)
     c->state = PX_CH_OPEN;

@@ -64,28 +64,33 @@ static const struct {
 #undef PX__FAMILY
 };
 
-/* A queue name as a label value: itself for the first
- * PX_METRICS_MAX_QUEUES distinct ones, "other" after. */
-static const char *queue_label(px_metrics_store *m, const char *q) {
+/* The label slot of queue `q`: 0..PX_METRICS_MAX_QUEUES-1 for the first
+ * distinct names, PX_METRICS_MAX_QUEUES ("other") after (or when out of
+ * memory). A queue literally named "other" gets a slot like any other. */
+static int queue_slot(px_metrics_store *m, const char *q) {
   for (uint32_t i = 0; i < m->nqueues; i++)
     if (strcmp(m->queues[i], q) == 0)
-      return m->queues[i];
+      return (int)i;
   if (m->nqueues == PX_METRICS_MAX_QUEUES)
-    return "other";
+    return PX_METRICS_MAX_QUEUES;
   if (m->nqueues % 16 == 0) {
     char(*qs)[256] = realloc(m->queues, (m->nqueues + 16) * sizeof *qs);
     if (!qs)
-      return "other";
+      return PX_METRICS_MAX_QUEUES;
     m->queues = qs;
   }
   snprintf(m->queues[m->nqueues], sizeof m->queues[0], "%s", q);
-  return m->queues[m->nqueues++];
+  return (int)m->nqueues++;
+}
+
+static const char *slot_label(const px_metrics_store *m, int slot) {
+  return slot >= 0 && (uint32_t)slot < m->nqueues ? m->queues[slot] : "other";
 }
 
 void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
   px_metrics_store *m = &srv->metrics;
   if (families[id].queue_label)
-    v1 = queue_label(m, v1);
+    v1 = slot_label(m, queue_slot(m, v1));
   if (!families[id].l2)
     v2 = "";
   for (uint32_t i = 0; i < m->n; i++) {
@@ -111,10 +116,7 @@ void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
 }
 
 int px_metrics_queue(px_server *srv, const char *queue) {
-  const char *l = queue_label(&srv->metrics, queue);
-  return strcmp(l, "other") == 0 && strcmp(queue, "other") != 0
-             ? PX_METRICS_MAX_QUEUES
-             : (int)((const char(*)[256])l - srv->metrics.queues);
+  return queue_slot(&srv->metrics, queue);
 }
 
 static void hist_add(px_hist *h, uint64_t us) {
@@ -132,8 +134,9 @@ void px_metrics_observe(px_server *srv, int hist, int qid, uint64_t us) {
   } else if (hist == PX_H_CONFIRM) {
     hist_add(&m->confirm, us);
   } else {
-    if (!m->processing &&
-        !(m->processing = calloc(PX_METRICS_MAX_QUEUES + 1, sizeof(px_hist))))
+    if (qid < 0 || qid > PX_METRICS_MAX_QUEUES ||
+        (!m->processing &&
+         !(m->processing = calloc(PX_METRICS_MAX_QUEUES + 1, sizeof(px_hist)))))
       return;
     hist_add(&m->processing[qid], us);
   }
@@ -229,7 +232,7 @@ static void render_histograms(px_server *srv, px_admin_response *r) {
   for (uint32_t q = 0; m->processing && q <= PX_METRICS_MAX_QUEUES; q++)
     if (m->processing[q].count)
       render_hist(r, "rebound_consumer_processing_seconds", &m->processing[q],
-                  "queue", q < m->nqueues ? m->queues[q] : "other");
+                  "queue", slot_label(m, (int)q));
 }
 
 static long rss_bytes(void) {

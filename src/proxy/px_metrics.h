@@ -46,11 +46,15 @@ void px_metrics_inc(struct px_server *srv, int id, const char *v1,
 enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
 
 /* The label slot of a queue for per-queue histograms: 0..99, or
- * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. */
+ * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. A slot
+ * is taken for good, so call this only for a queue the broker has shown to
+ * exist (a consume-ok, a delivery, a get-ok), never for a name a client
+ * merely sent. */
 int px_metrics_queue(struct px_server *srv, const char *queue);
 
 /* Record one observation, in microseconds. `qid` (from px_metrics_queue)
- * only for PX_H_PROCESSING. */
+ * only for PX_H_PROCESSING; an observation for a slot out of range (-1: not
+ * registered) is dropped. */
 void px_metrics_observe(struct px_server *srv, int hist, int qid, uint64_t us);
 
 /* Write every metric in Prometheus text format into `resp`. */

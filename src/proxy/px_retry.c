@@ -6,9 +6,19 @@
  * there (mandatory, persistent as the original, every property kept, the
  * count and origin headers set), and only when the broker confirms it ack
  * the original. Until then the channel's later client frames are held, so
- * nothing overtakes that ack. A return, a broker nack or the loss of
- * rebound's channel forwards the client's original requeue instead: the
- * broker requeues, nothing is lost.
+ * nothing overtakes that ack. A return, a broker nack, no confirm within
+ * retry_confirm_timeout or the loss of rebound's channel forwards the
+ * client's original requeue instead: the broker requeues, nothing is lost.
+ *
+ * A copy must fit the connection's frame-max: one whose content header
+ * (with rebound's headers) would not is dead-lettered with reason
+ * "frame-max" and as few added headers as fit, never sent over-size (the
+ * broker would close the client's whole connection).
+ *
+ * Copies in flight are a ring in publish order (seq grows by one), so a
+ * confirm finds its copy in O(log n) and the usual in-order confirm pops
+ * the head in O(1); the oldest one's deadline arms the session's retry
+ * timer.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +38,7 @@ typedef struct px_retry_op {
   bool is_reject; /* fall back with the same method */
   bool returned;
   bool dead_letter;
+  const char *reason; /* dead-letter reason (static), for metrics */
   char target[RETRY_NAME_MAX + 1];
   char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
   char tier[16];                  /* "1s", for metrics */
@@ -61,10 +72,14 @@ static void list_free(char ***list, uint32_t *n) {
   *n = 0;
 }
 
+static px_retry_op *op_at(const px_session *s, uint32_t i) {
+  return &s->ops[(s->ops_head + i) & (s->cap_ops - 1)];
+}
+
 void px__retry_free(px_session *s) {
   free(s->ops);
   s->ops = NULL;
-  s->nops = s->cap_ops = 0;
+  s->nops = s->cap_ops = s->ops_head = 0;
   list_free(&s->declared, &s->ndeclared);
   list_free(&s->broken, &s->nbroken);
 }
@@ -116,10 +131,30 @@ static void ensure_queue(px_session *s, const retry_plan *plan,
   list_add(&s->declared, &s->ndeclared, plan->target);
 }
 
-/* The copy's headers: every original header kept, rebound's set. Two
- * halves of `out` take turns as amqp_table_set()'s destination. */
+/* Which of rebound's headers a copy gets. */
+enum {
+  H_COUNT = 1 << 0,
+  H_SOURCE = 1 << 1,
+  H_EXCHANGE = 1 << 2,
+  H_ROUTING_KEY = 1 << 3,
+  H_FIRST = 1 << 4,
+  H_LAST = 1 << 5,
+  H_REASON = 1 << 6,
+};
+#define COPY_TIER                                                              \
+  (H_COUNT | H_SOURCE | H_EXCHANGE | H_ROUTING_KEY | H_FIRST | H_LAST)
+#define COPY_DEAD_LETTER (COPY_TIER | H_REASON)
+#define COPY_MINIMAL (H_SOURCE | H_REASON) /* frame-max: what still fits */
+#define COPY_BARE 0                        /* the original header as it is */
+
+/* publish_copy(): the copy's content header would exceed frame-max. */
+#define COPY_TOO_LARGE 1
+
+/* The copy's headers: every original header kept, rebound's in `mask` set.
+ * Two halves of `out` take turns as amqp_table_set()'s destination. */
 static int copy_headers(px_session *s, const px_delivery *d,
-                        const retry_plan *plan, amqp_bytes src, uint8_t *out,
+                        const retry_plan *plan, unsigned mask,
+                        const char *reason, amqp_bytes src, uint8_t *out,
                         size_t cap, size_t *len) {
   const retry_policy *pol = &s->srv->cfg->retry;
   uint8_t *half[2] = {out, out + cap / 2};
@@ -128,23 +163,26 @@ static int copy_headers(px_session *s, const px_delivery *d,
   amqp_field existing;
   uint64_t now = (uint64_t)time(NULL);
   struct {
+    unsigned bit;
     const char *suffix;
     amqp_field value;
     bool keep; /* set only when absent: the first failure's values */
   } set[] = {
-      {"retry-count", amqp_field_long(plan->new_count), false},
-      {"source-queue", amqp_field_string(amqp_cstr(px_dl_queue(d))), false},
-      {"original-exchange", amqp_field_string(amqp_cstr(px_dl_exchange(d))),
-       true},
-      {"original-routing-key",
+      {H_COUNT, "retry-count", amqp_field_long(plan->new_count), false},
+      {H_SOURCE, "source-queue", amqp_field_string(amqp_cstr(px_dl_queue(d))),
+       false},
+      {H_EXCHANGE, "original-exchange",
+       amqp_field_string(amqp_cstr(px_dl_exchange(d))), true},
+      {H_ROUTING_KEY, "original-routing-key",
        amqp_field_string(amqp_cstr(px_dl_routing_key(d))), true},
-      {"first-failed-at", amqp_field_timestamp(now), true},
-      {"last-failed-at", amqp_field_timestamp(now), false},
-      {"dead-letter-reason", amqp_field_string(amqp_cstr("max-attempts")),
+      {H_FIRST, "first-failed-at", amqp_field_timestamp(now), true},
+      {H_LAST, "last-failed-at", amqp_field_timestamp(now), false},
+      {H_REASON, "dead-letter-reason", amqp_field_string(amqp_cstr(reason)),
        false},
   };
-  size_t n = sizeof set / sizeof set[0] - (plan->action != RETRY_DEAD_LETTER);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+    if (!(mask & set[i].bit))
+      continue;
     if (retry_header_name(pol, set[i].suffix, name, sizeof name) < 0)
       return -1;
     if (set[i].keep &&
@@ -156,35 +194,56 @@ static int copy_headers(px_session *s, const px_delivery *d,
       return -1;
     cur = (amqp_bytes){dst, w.len};
   }
-  if (cur.ptr != out)
+  if (cur.ptr != out && cur.len)
     memmove(out, cur.ptr, cur.len);
   *len = cur.len;
   return 0;
 }
 
-/* Publish the copy of `d` on rebound's channel. 0, or -1 when it cannot be
- * built (the caller falls back). */
-/* Publish the copy of `d`, whose decoded content header is `h` (changed
- * here: its headers get rebound's). */
-static int publish_copy(px_session *s, px_delivery *d, amqp_content_header *h,
-                        const retry_plan *plan) {
-  size_t cap = 2 * (h->props.headers.len + 2048);
-  uint8_t *tbl = malloc(cap);
-  uint8_t *frame = malloc(d->header_len + cap / 2 + 64);
-  size_t tlen;
-  int rc = -1;
-  if (!tbl || !frame ||
-      copy_headers(s, d, plan,
-                   (h->props.flags & AMQP_P_HEADERS) ? h->props.headers
-                                                     : (amqp_bytes){NULL, 0},
-                   tbl, cap, &tlen) != 0)
+/* Encode the copy's content header into `frame` (cap bytes): `h` with
+ * rebound's headers of `mask`. Returns its length, -1 on failure, or
+ * -COPY_TOO_LARGE when its frame would exceed frame-max. */
+static long encode_copy_header(px_session *s, const px_delivery *d,
+                               amqp_content_header h, const retry_plan *plan,
+                               unsigned mask, const char *reason,
+                               uint8_t *frame, size_t cap) {
+  size_t tcap = 2 * (h.props.headers.len + 2048), tlen = 0;
+  uint8_t *tbl = NULL;
+  long rc = -1;
+  if (mask) {
+    if (!(tbl = malloc(tcap)) ||
+        copy_headers(s, d, plan, mask, reason,
+                     (h.props.flags & AMQP_P_HEADERS) ? h.props.headers
+                                                      : (amqp_bytes){NULL, 0},
+                     tbl, tcap, &tlen) != 0)
+      goto out;
+    h.props.headers = (amqp_bytes){tbl, tlen};
+    h.props.flags |= AMQP_P_HEADERS;
+  }
+  amqp_writer w = amqp_writer_make(frame, cap);
+  if (amqp_content_header_encode(&h, &w) != AMQP_OK)
     goto out;
-  h->props.headers = (amqp_bytes){tbl, tlen};
-  h->props.flags |= AMQP_P_HEADERS;
-  amqp_writer w = amqp_writer_make(frame, d->header_len + cap / 2 + 64);
-  if (amqp_content_header_encode(h, &w) != AMQP_OK)
-    goto out;
+  rc = w.len + AMQP_FRAME_OVERHEAD > s->frame_max ? -COPY_TOO_LARGE
+                                                  : (long)w.len;
+out:
+  free(tbl);
+  return rc;
+}
 
+/* Publish the copy of `d` (decoded content header `h`) to plan->target
+ * with rebound's headers of `mask`. Nothing is sent unless it fits. 0, -1
+ * (cannot be built), or COPY_TOO_LARGE. */
+static int publish_copy(px_session *s, px_delivery *d,
+                        const amqp_content_header *h, const retry_plan *plan,
+                        unsigned mask, const char *reason) {
+  size_t cap = d->header_len + 2 * (h->props.headers.len + 2048) + 64;
+  uint8_t *frame = malloc(cap);
+  long n =
+      frame ? encode_copy_header(s, d, *h, plan, mask, reason, frame, cap) : -1;
+  if (n < 0) {
+    free(frame);
+    return n == -COPY_TOO_LARGE ? COPY_TOO_LARGE : -1;
+  }
   ensure_queue(s, plan, px_dl_queue(d));
   amqp_method m;
   amqp_method_init(&m, AMQP_BASIC_PUBLISH);
@@ -192,31 +251,48 @@ static int publish_copy(px_session *s, px_delivery *d, amqp_content_header *h,
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_BASIC_PUBLISH_MANDATORY].u = 1;
   px__emit_method(s, &s->upstream, s->own_ch, &m);
-  px__emit_frame(s, &s->upstream, AMQP_FRAME_HEADER, s->own_ch, frame, w.len);
+  px__emit_frame(s, &s->upstream, AMQP_FRAME_HEADER, s->own_ch, frame,
+                 (size_t)n);
+  free(frame);
   const uint8_t *body = d->content + d->header_len;
   size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
   for (uint64_t off = 0; off < d->body_len; off += chunk) {
-    size_t n = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
-    px__emit_frame(s, &s->upstream, AMQP_FRAME_BODY, s->own_ch, body + off, n);
+    size_t k = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
+    px__emit_frame(s, &s->upstream, AMQP_FRAME_BODY, s->own_ch, body + off, k);
   }
-  rc = 0;
-out:
-  free(tbl);
-  free(frame);
-  return rc;
+  return 0;
+}
+
+/* ---- copies in flight ------------------------------------------------------
+ */
+
+static void arm_deadline(px_session *s) {
+  uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
+  if (s->nops == 0) {
+    uv_timer_stop(&s->retry_timer);
+    return;
+  }
+  uint64_t due_us = op_at(s, 0)->started_us + timeout_ms * 1000;
+  uint64_t now = now_us();
+  uv_timer_start(&s->retry_timer, px__retry_deadline,
+                 due_us > now ? (due_us - now + 999) / 1000 : 0, 0);
 }
 
 static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
-                   const retry_plan *plan, bool is_reject) {
+                   const retry_plan *plan, bool is_reject, const char *reason) {
   if (s->nops == s->cap_ops) {
     uint32_t cap = s->cap_ops ? s->cap_ops * 2 : 16;
-    px_retry_op *ops = realloc(s->ops, cap * sizeof *ops);
+    px_retry_op *ops = malloc((size_t)cap * sizeof *ops);
     if (!ops)
       return -1;
+    for (uint32_t i = 0; i < s->nops; i++)
+      ops[i] = *op_at(s, i);
+    free(s->ops);
     s->ops = ops;
     s->cap_ops = cap;
+    s->ops_head = 0;
   }
-  px_retry_op *op = &s->ops[s->nops++];
+  px_retry_op *op = op_at(s, s->nops++);
   op->seq = ++s->own_seq;
   op->tag = d->tag;
   op->started_us = now_us();
@@ -225,11 +301,22 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->is_reject = is_reject;
   op->returned = false;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
+  op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
     op->tier[0] = '\0';
+  if (s->nops == 1)
+    arm_deadline(s);
   return 0;
+}
+
+/* Forget the newest op: its copy was never sent. */
+static void pop_newest_op(px_session *s) {
+  s->nops--;
+  s->own_seq--;
+  if (s->nops == 0)
+    uv_timer_stop(&s->retry_timer);
 }
 
 /* The retry count header: -1 when absent, -2 when not a non-negative
@@ -246,10 +333,50 @@ static int64_t count_header(px_session *s, const amqp_content_header *h) {
   return amqp_field_as_int(&v, &n) && n >= 0 ? n : -2;
 }
 
+/* Start the copy of `plan`, trying header sets from the fullest to the
+ * barest until one fits frame-max (`masks`, ending with COPY_BARE or a
+ * negative sentinel). 0 when a copy is on its way; COPY_TOO_LARGE when
+ * none fits; -1 on failure. */
+static int start_copy(px_session *s, px_chan *c, px_delivery *d,
+                      const amqp_content_header *h, const retry_plan *plan,
+                      bool is_reject, const char *reason, const int *masks) {
+  int rc = COPY_TOO_LARGE;
+  for (const int *m = masks; *m >= 0 && rc == COPY_TOO_LARGE; m++) {
+    if (push_op(s, c, d, plan, is_reject, reason) != 0)
+      return -1;
+    rc = publish_copy(s, d, h, plan, (unsigned)*m, reason);
+    if (rc != 0)
+      pop_newest_op(s);
+  }
+  return rc;
+}
+
+/* The delivery's copy cannot fit frame-max with the headers a tier needs:
+ * dead-letter it, with as many of rebound's headers as still fit. */
+static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
+                                const retry_rule *rule,
+                                const amqp_content_header *h, bool is_reject) {
+  static const int masks[] = {COPY_MINIMAL, COPY_BARE, -1};
+  const char *q = px_dl_queue(d);
+  retry_plan plan = {.action = RETRY_DEAD_LETTER};
+  int n =
+      rule ? retry_dlq_name(rule, q, strlen(q), plan.target, sizeof plan.target)
+           : -1;
+  if (n < 0)
+    return -1;
+  plan.target_len = (size_t)n;
+  px_warn("retry_copy_too_large", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("queue", q), PX_U("frame_max", s->frame_max),
+          PX_S("action", "dead-lettered"), PX_S("target", plan.target));
+  return start_copy(s, c, d, h, &plan, is_reject, "frame-max", masks);
+}
+
 /* Try to turn one delivery's failure into a copy. true when a copy is on
  * its way (the delivery is then RETRYING). */
 static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
                       bool is_reject) {
+  static const int tier_masks[] = {COPY_TIER, -1};
+  static const int dead_masks[] = {COPY_DEAD_LETTER, -1};
   retry_plan plan;
   if (d->state != PX_DL_CACHED)
     return false;
@@ -275,44 +402,52 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
                    "tier or dead-letter queue refused", NULL);
     return false;
   }
-  if (push_op(s, c, d, &plan, is_reject) != 0)
+  bool dead = plan.action == RETRY_DEAD_LETTER;
+  int rc = start_copy(s, c, d, &h, &plan, is_reject, "max-attempts",
+                      dead ? dead_masks : tier_masks);
+  if (rc == COPY_TOO_LARGE)
+    rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
+  if (rc != 0)
     return false;
-  if (publish_copy(s, d, &h, &plan) != 0) {
-    s->nops--;
-    s->own_seq--;
-    return false;
-  }
   d->state = PX_DL_RETRYING;
   c->track.retries_pending++;
   return true;
 }
 
+/* Deliveries [from, to) of the channel's ring that a requeue covers. */
+static void requeue_range(px_chan *c, uint64_t tag, bool multiple,
+                          uint32_t *from, uint32_t *to) {
+  *from = *to = 0;
+  if (multiple) {
+    *to = px__track_upto(c, tag);
+    return;
+  }
+  px_delivery *d = px__track_find(c, tag);
+  if (d) {
+    *from = px__track_index(c, tag);
+    *to = *from + 1;
+  }
+}
+
 /* A client's nack/reject with requeue=1. Returns PX_FORWARD (nothing to
- * retry: the frame goes on as it is) or PX_DROP (replaced by retries and,
- * for deliveries that cannot be retried, individual requeues). */
+ * retry: the frame goes on as it is), PX_HOLD (it waits for rebound's
+ * channel to reopen) or PX_DROP (replaced by retries and, for deliveries
+ * that cannot be retried, individual requeues). */
 int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   bool is_reject = m->id == AMQP_BASIC_REJECT;
   uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
                            : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
   bool multiple = !is_reject && m->args[AMQP_F_BASIC_NACK_MULTIPLE].u;
   px_track *t = &c->track;
-  uint32_t from = 0, to = 0;
+  uint32_t from, to;
 
-  if (multiple) {
-    while (to < t->ndl && (tag == 0 || t->dl[to].tag <= tag))
-      to++;
-  } else {
-    px_delivery *d = px__track_find(c, tag);
-    if (d) {
-      from = (uint32_t)(d - t->dl);
-      to = from + 1;
-    }
-  }
+  requeue_range(c, tag, multiple, &from, &to);
   bool any = false;
   uint64_t uncached = 0; /* of intercepted queues, over the cache bound */
   for (uint32_t i = from; i < to; i++) {
-    any = any || t->dl[i].state == PX_DL_CACHED;
-    uncached += t->dl[i].rule && t->dl[i].state == PX_DL_UNCACHED;
+    px_delivery *d = px_dl_at(t, i);
+    any = any || d->state == PX_DL_CACHED;
+    uncached += d->rule && d->state == PX_DL_UNCACHED;
   }
   bool reopening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
@@ -341,22 +476,19 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   s->srv->stats.uncached_nacks += uncached;
   /* One by one: a copy for what can be retried, a plain requeue for the
    * rest (settled here and now). */
-  uint32_t keep = from;
   for (uint32_t i = from; i < to; i++) {
-    px_delivery *d = &t->dl[i];
-    px__track_observe(s, d); /* the client's decision is now */
-    if (try_retry(s, c, d, is_reject)) {
-      t->dl[keep++] = *d;
+    px_delivery *d = px_dl_at(t, i);
+    if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING)
       continue;
-    }
+    px__track_observe(s, d); /* the client's decision is now */
+    if (try_retry(s, c, d, is_reject))
+      continue;
     emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
                 true);
-    px__track_release(s, d);
+    px__track_forget(s, c, d);
   }
-  if (to < t->ndl)
-    memmove(t->dl + keep, t->dl + to, (t->ndl - to) * sizeof *t->dl);
-  t->ndl -= to - keep;
-  t->capture = -1;
+  px__track_tidy(c);
+  t->capture = 0;
   if (t->retries_pending)
     c->held = true; /* later frames of this channel wait for the acks */
   return PX_DROP;
@@ -379,10 +511,11 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
     emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
     if (op->dead_letter) {
-      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, "max-attempts");
+      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
       px_debug("dead_lettered", PX_U("id", s->id),
                PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
-               PX_S("target", op->target), PX_U("latency_us", us));
+               PX_S("target", op->target), PX_S("reason", op->reason),
+               PX_U("latency_us", us));
     } else {
       px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
       px_debug("retry_published", PX_U("id", s->id),
@@ -403,52 +536,78 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
     px__release_held(s, c);
 }
 
-/* Complete ops [0, n) and drop them from the list. */
+/* Complete ops [0, n) and drop them from the ring. */
 static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
+  px_retry_op one, *done = n == 1 ? &one : malloc((size_t)n * sizeof *done);
+  if (n == 0 || !done)
+    return;
   /* copy first: finishing may release held frames that start new ops */
-  if (n == 0)
-    return;
-  px_retry_op *done = malloc(n * sizeof *done);
-  if (!done)
-    return;
-  memcpy(done, s->ops, n * sizeof *done);
-  if (n < s->nops)
-    memmove(s->ops, s->ops + n, (s->nops - n) * sizeof *s->ops);
+  for (uint32_t i = 0; i < n; i++)
+    done[i] = *op_at(s, i);
+  s->ops_head = (s->ops_head + n) & (s->cap_ops - 1);
   s->nops -= n;
+  arm_deadline(s);
   for (uint32_t i = 0; i < n; i++)
     finish(s, &done[i], ok && !done[i].returned,
            done[i].returned ? "returned by the broker (unroutable)" : why);
-  free(done);
+  if (done != &one)
+    free(done);
   if (s->nops == 0)
     px__retry_idle(s);
 }
 
+/* Index of the first op whose seq is >= `seq` (nops when none). */
+static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
+  uint32_t lo = 0, hi = s->nops;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (op_at(s, mid)->seq < seq)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
-  uint32_t n = 0;
   if (multiple) {
-    while (n < s->nops && s->ops[n].seq <= seq)
-      n++;
-    finish_prefix(s, n, ok, "nacked by the broker");
+    finish_prefix(s, op_lower_bound(s, seq + 1), ok, "nacked by the broker");
     return;
   }
-  for (uint32_t i = 0; i < s->nops; i++)
-    if (s->ops[i].seq == seq) {
-      /* bring it to the front, keeping the others in order */
-      px_retry_op op = s->ops[i];
-      memmove(s->ops + 1, s->ops, i * sizeof *s->ops);
-      s->ops[0] = op;
-      finish_prefix(s, 1, ok, "nacked by the broker");
-      return;
-    }
+  uint32_t i = op_lower_bound(s, seq);
+  if (i == s->nops || op_at(s, i)->seq != seq)
+    return; /* already fallen back (confirm timeout) */
+  /* bring it to the front, keeping the others in order */
+  px_retry_op op = *op_at(s, i);
+  for (; i > 0; i--)
+    *op_at(s, i) = *op_at(s, i - 1);
+  *op_at(s, 0) = op;
+  finish_prefix(s, 1, ok, "nacked by the broker");
+}
+
+void px__retry_deadline(uv_timer_t *timer) {
+  px_session *s = timer->data;
+  uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
+  uint64_t now = now_us();
+  uint32_t n = 0;
+  while (n < s->nops && now - op_at(s, n)->started_us >= limit)
+    n++;
+  if (n)
+    px_warn("retry_confirm_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_U("copies", n), PX_U("timeout_ms", limit / 1000));
+  finish_prefix(s, n, false, "confirm timeout");
+  if (n == 0)
+    arm_deadline(s);
 }
 
 void px__retry_returned(px_session *s, amqp_bytes routing_key) {
-  for (uint32_t i = 0; i < s->nops; i++)
-    if (!s->ops[i].returned &&
-        amqp_bytes_eq(routing_key, amqp_cstr(s->ops[i].target))) {
-      s->ops[i].returned = true;
+  for (uint32_t i = 0; i < s->nops; i++) {
+    px_retry_op *op = op_at(s, i);
+    if (!op->returned && amqp_bytes_eq(routing_key, amqp_cstr(op->target))) {
+      op->returned = true;
       break;
     }
+  }
   /* the queue is gone: declare it again next time */
   for (uint32_t i = 0; i < s->ndeclared; i++)
     if (amqp_bytes_eq(routing_key, amqp_cstr(s->declared[i]))) {

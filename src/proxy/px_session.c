@@ -9,10 +9,20 @@
  * Writing: queued slices go out in one uv_write per flush; the chunk
  * references they hold are dropped when the write completes.
  *
- * Backpressure: when a side has more than PX_HIGH_WATER bytes in flight,
- * the other side stops reading until it drops below PX_LOW_WATER. Memory
- * per connection is therefore bounded by about two high-water marks plus
- * one read chunk per direction (plus frames held on a channel).
+ * Backpressure: when a side has more than PX_HIGH_WATER bytes pending (in
+ * flight, plus for the upstream side the client frames held on channels
+ * behind a retry), the other side stops reading until it drops below
+ * PX_LOW_WATER. Memory per connection is therefore bounded by about two
+ * high-water marks plus one read chunk per direction.
+ *
+ * Ending: after a close-ok has passed (either way) the session is
+ * "finishing": like the broker, rebound keeps the client's socket open,
+ * drops what the client still sends and passes what the broker sends,
+ * until the client hangs up, the broker does (then the client's side is
+ * flushed, shut down and drained), or PX_FINISH_WAIT_MS passes. A side
+ * that rebound ends itself after writing to it lingers: write side shut
+ * down after the flush, input dropped until EOF or PX_CLOSE_WAIT_MS, so the
+ * peer reads everything instead of a reset.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +36,12 @@
 #define PX_MIN_READ 2048
 /* Frame size accepted before connection.tune-ok fixes frame-max. */
 #define PX_PRETUNE_FRAME_MAX 131072
-/* How long to wait for close-ok (or a flush) before closing anyway. */
+/* How long to wait for close-ok (or a flush, or a lingering peer's EOF)
+ * before closing anyway. */
 #define PX_CLOSE_WAIT_MS 2000
+/* After close-ok, how long the client has to hang up (the broker's own
+ * wait). */
+#define PX_FINISH_WAIT_MS 30000
 
 static void upstream_try_next(px_session *s);
 
@@ -42,8 +56,8 @@ typedef struct px_write {
 
 const char *px_state_name(int state) {
   static const char *const names[] = {"connecting", "handshake", "open",
-                                      "closing", "closed"};
-  return state >= 0 && state < 5 ? names[state] : "?";
+                                      "closing",    "finishing", "closed"};
+  return state >= 0 && state < 6 ? names[state] : "?";
 }
 
 static px_side *other_side(px_session *s, px_side *side) {
@@ -111,6 +125,8 @@ void px_session_close(px_session *s, const char *reason) {
   px__set_state(s, PX_S_CLOSED);
   uv_timer_stop(&s->timer);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+  uv_timer_stop(&s->retry_timer);
+  uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
   side_close(&s->client);
   side_close(&s->upstream);
   if (s->gai_pending)
@@ -139,14 +155,43 @@ static void arm_close_timer(px_session *s) {
 /* ---- writing ------------------------------------------------------------ */
 
 static void side_resume(px_side *side);
+static void side_shutdown(px_side *side);
+static void side_start_reading(px_side *side);
 
-/* A write to `side` failed (at once or later): log and close. */
+/* A write to `side` failed (at once or later): log and close. A client
+ * that hangs up once its close handshake is done ends normally. */
 static void side_write_failed(px_side *side, int err) {
   px_session *s = side->s;
+  if (side == &s->client && (s->state == PX_S_FINISHING || side->lingering)) {
+    px_session_close(s, s->close_reason ? s->close_reason : "client closed");
+    return;
+  }
   px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", side->name), PX_S("error", uv_strerror(err)));
   px_session_close(s, side == &s->client ? "client write failed"
                                          : "upstream write failed");
+}
+
+/* Bytes waiting to reach `side`: in flight, and for the upstream side the
+ * client frames held on channels (they are sent once released). */
+static size_t side_pending(const px_side *side) {
+  const px_session *s = side->s;
+  return side->inflight + (side == &s->upstream ? s->held_bytes : 0);
+}
+
+/* Stop reading the other side while `side` has too much pending; read it
+ * again once that drained. */
+static void side_pressure(px_side *side) {
+  px_session *s = side->s;
+  px_side *other = other_side(s, side);
+  size_t pending = side_pending(side);
+  if (pending > PX_HIGH_WATER && other->reading) {
+    uv_read_stop((uv_stream_t *)&other->tcp);
+    other->reading = false;
+    other->paused = true;
+  } else if (other->paused && pending < PX_LOW_WATER) {
+    side_resume(other);
+  }
 }
 
 static void on_write(uv_write_t *req, int status) {
@@ -164,13 +209,17 @@ static void on_write(uv_write_t *req, int status) {
     side_write_failed(side, status);
     return;
   }
-  if (side->close_when_flushed && side->inflight == 0 && side->nout == 0) {
-    px_session_close(s, s->close_reason);
-    return;
+  if (side->inflight == 0 && side->nout == 0) {
+    if (side->lingering) {
+      side_shutdown(side);
+      return;
+    }
+    if (side->close_when_flushed) {
+      px_session_close(s, s->close_reason);
+      return;
+    }
   }
-  px_side *other = other_side(s, side);
-  if (other->paused && side->inflight < PX_LOW_WATER)
-    side_resume(other);
+  side_pressure(side);
 }
 
 /* Write what the socket takes now without a request (the common case: no
@@ -240,12 +289,7 @@ static void side_flush(px_side *side) {
   }
   side->inflight += w->bytes;
   side->bytes_out += w->bytes;
-  px_side *other = other_side(s, side);
-  if (side->inflight > PX_HIGH_WATER && other->reading) {
-    uv_read_stop((uv_stream_t *)&other->tcp);
-    other->reading = false;
-    other->paused = true;
-  }
+  side_pressure(side);
 }
 
 /* Queue bytes of `c` for `side`, taking a reference; contiguous bytes of the
@@ -347,6 +391,7 @@ void px__release_held(px_session *s, px_chan *c) {
     if (act == PX_FORWARD)
       side_queue(&s->upstream, h->chunk, h->ptr, h->len);
     c->held_bytes -= h->len;
+    s->held_bytes -= h->len;
     px_chunk_unref(h->chunk);
   }
   if (i < c->nhold)
@@ -356,6 +401,59 @@ void px__release_held(px_session *s, px_chan *c) {
   if (c->release_late)
     px__chan_release(s, c);
   side_flush(&s->upstream);
+  if (s->state != PX_S_CLOSED)
+    side_pressure(&s->upstream);
+}
+
+void px__drop_held(px_session *s, px_chan *c) {
+  s->held_bytes -= c->held_bytes;
+  px_chan_drop_held(c);
+  if (s->state != PX_S_CLOSED)
+    side_pressure(&s->upstream);
+}
+
+void px__finishing(px_session *s, const char *reason) {
+  if (!s->close_reason)
+    s->close_reason = reason;
+  px__set_state(s, PX_S_FINISHING);
+  uv_timer_stop(&s->timer);
+  uv_timer_start(&s->timer, on_close_wait_timeout, PX_FINISH_WAIT_MS, 0);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  px_side *side = req->data;
+  if (side->s->state != PX_S_CLOSED && status < 0)
+    px_session_close(side->s, side->s->close_reason);
+}
+
+/* Shut down the write side of a lingering side once its output is out. */
+static void side_shutdown(px_side *side) {
+  if (side->shut || !side->connected)
+    return;
+  side->shut = true;
+  side->shutdown_req.data = side;
+  if (uv_shutdown(&side->shutdown_req, (uv_stream_t *)&side->tcp, on_shutdown) <
+      0)
+    px_session_close(side->s, side->s->close_reason);
+}
+
+/* End the session through the client's side: stop reading the broker,
+ * flush what the client is owed, shut down its write side, then drop its
+ * input until it hangs up (or PX_CLOSE_WAIT_MS). */
+static void client_linger(px_session *s) {
+  px_side *c = &s->client;
+  if (s->upstream.reading)
+    uv_read_stop((uv_stream_t *)&s->upstream.tcp);
+  s->upstream.reading = s->upstream.paused = false;
+  c->lingering = true;
+  c->paused = false;
+  arm_close_timer(s);
+  side_flush(c);
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (c->inflight == 0 && c->nout == 0)
+    side_shutdown(c);
+  side_start_reading(c);
 }
 
 void px__release_conn_hold(px_session *s) {
@@ -372,6 +470,10 @@ void px__release_conn_hold(px_session *s) {
 void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
+  if (side == &s->client && side->connected) {
+    client_linger(s);
+    return;
+  }
   side_flush(side);
   if (!side->connected || (side->inflight == 0 && side->nout == 0)) {
     px_session_close(s, reason);
@@ -470,15 +572,11 @@ static uint32_t frame_limit(const px_session *s) {
   return s->frame_max ? s->frame_max : PX_PRETUNE_FRAME_MAX;
 }
 
+/* A frame that does not parse: the stream is out of step. */
 static void input_error(px_session *s, px_side *from, long status) {
   const char *text = amqp_status_str((int)status);
-  s->srv->stats.protocol_errors++;
-  px_warn("frame_error", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("side", from->name), PX_S("state", px_state_name(s->state)),
-          PX_S("error", text));
   if (from == &s->upstream) {
-    px__close_client(s, 541, "INTERNAL_ERROR - malformed frame from broker", 0,
-                     0);
+    px__upstream_error(s, text);
     return;
   }
   char reply[160];
@@ -486,9 +584,10 @@ static void input_error(px_session *s, px_side *from, long status) {
   snprintf(reply, sizeof reply, "%s - %s",
            code == 501   ? "FRAME_ERROR"
            : code == 502 ? "SYNTAX_ERROR"
+           : code == 505 ? "UNEXPECTED_FRAME"
                          : "COMMAND_INVALID",
            text);
-  px__close_client(s, (uint16_t)(code ? code : 501), reply, 0, 0);
+  px__client_error(s, (uint16_t)(code ? code : 501), reply, 0);
 }
 
 /* Parse and dispatch every whole frame in `from`'s chunk. */
@@ -496,6 +595,10 @@ static void process_input(px_session *s, px_side *from) {
   px_chunk *c = from->in;
   px_side *to = other_side(s, from);
 
+  if (from == &s->client && (s->state == PX_S_FINISHING || from->lingering)) {
+    c->off = c->len; /* after close-ok: read and dropped, as the broker */
+    return;
+  }
   if (from == &s->client && s->state == PX_S_CONNECTING &&
       check_client_header(s, c) <= 0)
     return;
@@ -541,6 +644,8 @@ static void process_input(px_session *s, px_side *from) {
       px_chunk_ref(c);
       if (px_chan_hold(hold, (px_slice){c, raw, (uint32_t)n}) != 0)
         px_session_close(s, "out of memory");
+      else
+        s->held_bytes += (uint32_t)n;
     }
     if (act == PX_STOP)
       break;
@@ -553,11 +658,8 @@ static void process_input(px_session *s, px_side *from) {
     return;
   side_flush(to);
   side_flush(from);
-  if (s->close_after) {
-    px_side *side = s->close_after;
-    s->close_after = NULL;
-    px__close_after_flush(s, side, s->close_after_reason);
-  }
+  if (s->state != PX_S_CLOSED)
+    side_pressure(&s->upstream);
 }
 
 /* After parsing: release a spent chunk, or make room for a big frame
@@ -585,6 +687,14 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   bool clean = err == UV_EOF;
   uv_read_stop((uv_stream_t *)&side->tcp);
   side->reading = false;
+  if (side->lingering || (side == &s->client && s->state == PX_S_FINISHING)) {
+    px_session_close(s, s->close_reason ? s->close_reason : "client closed");
+    return;
+  }
+  if (side == &s->upstream && s->state == PX_S_FINISHING) {
+    px__close_after_flush(s, &s->client, s->close_reason);
+    return;
+  }
   /* open, or closing (the client's close held, or rebound draining) */
   if (side == &s->client && s->nops > 0 && s->upstream.connected &&
       !s->client_gone) {
@@ -664,6 +774,8 @@ static void side_start_reading(px_side *side) {
 
 static void side_resume(px_side *side) {
   side->paused = false;
+  if (side == &side->s->upstream && side->s->client.lingering)
+    return; /* the session is ending through the client's side */
   side_start_reading(side);
 }
 
@@ -830,7 +942,9 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
   s->client.connected = true;
   uv_timer_init(srv->loop, &s->timer);
   s->timer.data = s;
-  s->open_handles++;
+  uv_timer_init(srv->loop, &s->retry_timer);
+  s->retry_timer.data = s;
+  s->open_handles += 2;
   s->id = ++srv->next_id;
   s->started_ms = uv_now(srv->loop);
   s->state = PX_S_CONNECTING;

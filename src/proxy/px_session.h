@@ -7,8 +7,9 @@
  * state, moves a client channel that collides with its own, and closes
  * cleanly on errors from either side.
  *
- * States (px_state): connecting -> handshake -> open -> closing -> closed.
- * Every transition goes through session_set_state() in px_session.c.
+ * States (px_state): connecting -> handshake -> open -> closing ->
+ * finishing -> closed. Every transition goes through px__set_state() in
+ * px_session.c.
  */
 #ifndef PX_SESSION_H
 #define PX_SESSION_H
@@ -27,6 +28,9 @@ typedef enum px_state {
   PX_S_HANDSHAKE,  /* protocol header passed on; start/tune/open running */
   PX_S_OPEN,       /* connection.open-ok seen */
   PX_S_CLOSING,    /* connection.close sent by someone, close-ok awaited */
+  PX_S_FINISHING,  /* close-ok passed on: as the broker does, the socket
+                      stays open, input is read and dropped, until a peer
+                      hangs up or a timer ends it */
   PX_S_CLOSED,     /* handles closing */
 } px_state;
 
@@ -57,6 +61,10 @@ typedef struct px_side {
   bool reading;   /* uv_read_start active */
   bool paused;    /* reading stopped by backpressure */
   bool close_when_flushed;
+  bool lingering; /* ending: write side shut down after a flush, input
+                     dropped until EOF or the close timer */
+  bool shut;      /* uv_shutdown issued */
+  uv_shutdown_t shutdown_req;
 } px_side;
 
 typedef struct px_session {
@@ -65,7 +73,8 @@ typedef struct px_session {
   uint64_t id;
   px_state state;
   px_side client, upstream;
-  uv_timer_t timer; /* handshake, then close-ok wait */
+  uv_timer_t timer;       /* handshake, then close-ok wait */
+  uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
   uv_connect_t connect_req;
   uv_getaddrinfo_t gai;
   bool gai_pending, connect_pending;
@@ -100,14 +109,17 @@ typedef struct px_session {
   bool draining;      /* ... because rebound is shutting down */
 
   /* retry path (px_retry.c) */
-  struct px_retry_op *ops; /* copies awaiting the broker's confirm */
-  uint32_t nops, cap_ops;
+  struct px_retry_op *ops; /* copies awaiting the broker's confirm: a ring
+                              of cap_ops (a power of two) from ops_head */
+  uint32_t ops_head, nops, cap_ops;
   uint64_t own_seq; /* publish sequence on rebound's channel */
   char **declared;  /* tier/DLQ queues declared on this connection */
   uint32_t ndeclared;
   char **broken; /* queues whose declare failed (pass-through) */
   uint32_t nbroken;
   uint64_t cache_bytes; /* deliveries kept for retry */
+  uint64_t held_bytes;  /* client frames held on channels: they count
+                           against the upstream side's watermarks */
   bool warned_uncached;
   bool client_gone; /* client left while retries were pending */
   /* client channels whose requeue waits for rebound's channel to reopen */
@@ -119,10 +131,6 @@ typedef struct px_session {
   bool conn_held;           /* the client's connection.close waits ... */
   px_slice conn_hold;       /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */
-
-  /* set by a frame handler: close once this side has been written to */
-  px_side *close_after;
-  const char *close_after_reason;
 
   /* the forwardable run of frames being parsed (see px_session.c) */
   struct {

@@ -31,6 +31,15 @@ void px__chans_free(px_session *s);
  * released. (px_frames.c) */
 void px__chan_release(px_session *s, px_chan *c);
 
+/* A protocol error by the client: logged (protocol_error), connection
+ * .close with `code` and `text` naming the offending method `id` (0:
+ * none). Returns PX_STOP. */
+int px__client_error(px_session *s, uint16_t code, const char *text,
+                     uint32_t id);
+/* A protocol error by the broker (`what` for the log): the client gets
+ * connection.close 541. Returns PX_STOP. */
+int px__upstream_error(px_session *s, const char *what);
+
 /* Queue a frame rebound generates for `side`, after everything already
  * queued or being parsed for it. */
 void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len);
@@ -42,6 +51,11 @@ void px__release_conn_hold(px_session *s);
 
 /* Queue held frames of a channel for upstream (they keep their order). */
 void px__release_held(px_session *s, px_chan *c);
+/* Drop a channel's held frames (the channel is gone). */
+void px__drop_held(px_session *s, px_chan *c);
+/* A close-ok has passed: the session is finishing, `reason` is logged
+ * when it ends. */
+void px__finishing(px_session *s, const char *reason);
 
 /* Queue a connection.close for `side`. */
 void px__emit_close(px_session *s, px_side *side, uint16_t code,
@@ -75,8 +89,18 @@ void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple);
 void px__track_clear(px_session *s, px_chan *c);
 void px__track_free(px_session *s, px_chan *c);
 px_delivery *px__track_find(px_chan *c, uint64_t tag);
-/* Free a delivery's copies and give its bytes back to the cache bounds;
- * the caller removes it from the array. */
+/* How many of the oldest unsettled entries (holes included) have a tag
+ * <= `tag` (0: all of them). */
+uint32_t px__track_upto(const px_chan *c, uint64_t tag);
+/* Index of the entry with `tag` (or of the first after it). */
+uint32_t px__track_index(const px_chan *c, uint64_t tag);
+/* Free a delivery and leave a hole for it (no reshuffle: indexes stay
+ * valid until px__track_tidy()). */
+void px__track_forget(px_session *s, px_chan *c, px_delivery *d);
+/* Pop holes at both ends; squeeze them out when they are too many. */
+void px__track_tidy(px_chan *c);
+/* Free a delivery's copies and give its bytes back to the cache bounds
+ * (its tag stays); px__track_forget() also takes it out of the ring. */
 void px__track_release(px_session *s, px_delivery *d);
 /* Deliver-to-settle time of a delivery the client settles now. */
 void px__track_observe(px_session *s, const px_delivery *d);
@@ -91,6 +115,8 @@ void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok);
 void px__retry_returned(px_session *s, amqp_bytes routing_key);
 void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
 void px__retry_free(px_session *s);
+/* The retry timer: copies not confirmed in time fall back. */
+void px__retry_deadline(uv_timer_t *timer);
 /* No copy is in flight any more (px_frames.c / px_session.c react: a
  * pending yield of rebound's channel, a client that already left). */
 void px__retry_idle(px_session *s);

@@ -6,8 +6,10 @@
 #include "px_metrics.h"
 #include "px_session_int.h"
 
-/* Deliveries tracked per channel at most; past it multiple-nacks pass. */
+/* Per channel at most: unsettled deliveries and requests in flight (past
+ * them the channel is `lost`: multiple-nacks pass), and consumers. */
 #define PX_TRACK_MAX 65536
+#define PX_TRACK_MAX_CONSUMERS 4096
 
 static char *dup_bytes(amqp_bytes b) {
   char *p = malloc(b.len + 1);
@@ -21,10 +23,14 @@ static char *dup_bytes(amqp_bytes b) {
 
 /* ---- cache accounting --------------------------------------------------- */
 
+/* Reserve `n` bytes of both cache bounds; compared as remaining space, so
+ * no sum can overflow. */
 static bool cache_reserve(px_session *s, uint64_t n) {
   const px_config *cfg = s->srv->cfg;
-  if (s->cache_bytes + n > cfg->cache_per_connection ||
-      s->srv->stats.cache_bytes + n > cfg->cache_total)
+  if (s->cache_bytes > cfg->cache_per_connection ||
+      n > cfg->cache_per_connection - s->cache_bytes ||
+      s->srv->stats.cache_bytes > cfg->cache_total ||
+      n > cfg->cache_total - s->srv->stats.cache_bytes)
     return false;
   s->cache_bytes += n;
   s->srv->stats.cache_bytes += n;
@@ -39,11 +45,13 @@ static void cache_unreserve(px_session *s, uint64_t n) {
 }
 
 void px__track_release(px_session *s, px_delivery *d) {
+  uint64_t tag = d->tag;
   if (d->bytes)
     cache_unreserve(s, d->bytes);
   free(d->names);
   free(d->content);
   memset(d, 0, sizeof *d);
+  d->tag = tag; /* the ring stays sorted by tag */
 }
 
 static void uncache(px_session *s, px_delivery *d, const char *why) {
@@ -63,70 +71,154 @@ static void uncache(px_session *s, px_delivery *d, const char *why) {
   d->state = PX_DL_UNCACHED;
 }
 
-/* ---- deliveries ---------------------------------------------------------- */
+/* ---- the ring of unsettled deliveries ------------------------------------ */
 
-px_delivery *px__track_find(px_chan *c, uint64_t tag) {
-  uint32_t lo = 0, hi = c->track.ndl;
+/* Index of the first entry whose tag is >= `tag` (n when none). */
+static uint32_t dl_lower_bound(const px_track *t, uint64_t tag) {
+  uint32_t lo = 0, hi = t->dl.n;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
-    if (c->track.dl[mid].tag < tag)
+    if (px_dl_at(t, mid)->tag < tag)
       lo = mid + 1;
     else
       hi = mid;
   }
-  return lo < c->track.ndl && c->track.dl[lo].tag == tag ? &c->track.dl[lo]
-                                                         : NULL;
+  return lo;
 }
 
-/* Drop deliveries [from, to) of the array. */
+px_delivery *px__track_find(px_chan *c, uint64_t tag) {
+  const px_track *t = &c->track;
+  uint32_t i = dl_lower_bound(t, tag);
+  if (i == t->dl.n)
+    return NULL;
+  px_delivery *d = px_dl_at(t, i);
+  return d->tag == tag && d->state != PX_DL_GONE ? d : NULL;
+}
+
+uint32_t px__track_upto(const px_chan *c, uint64_t tag) {
+  return tag == 0 ? c->track.dl.n : dl_lower_bound(&c->track, tag + 1);
+}
+
+uint32_t px__track_index(const px_chan *c, uint64_t tag) {
+  return dl_lower_bound(&c->track, tag);
+}
+
+/* Squeeze the holes out, keeping the order. */
+static void dl_compact(px_track *t) {
+  uint32_t j = 0;
+  for (uint32_t i = 0; i < t->dl.n; i++) {
+    px_delivery *d = px_dl_at(t, i);
+    if (d->state != PX_DL_GONE) {
+      if (i != j)
+        *px_dl_at(t, j) = *d;
+      j++;
+    }
+  }
+  t->dl.n = j;
+  t->dl.ngone = 0;
+}
+
+void px__track_tidy(px_chan *c) {
+  px_track *t = &c->track;
+  while (t->dl.n && px_dl_at(t, 0)->state == PX_DL_GONE) {
+    t->dl.head = (t->dl.head + 1) & (t->dl.cap - 1);
+    t->dl.n--;
+    t->dl.ngone--;
+  }
+  while (t->dl.n && px_dl_at(t, t->dl.n - 1)->state == PX_DL_GONE) {
+    t->dl.n--;
+    t->dl.ngone--;
+  }
+  if (t->dl.ngone > 16 && t->dl.ngone > t->dl.n / 2)
+    dl_compact(t);
+}
+
+void px__track_forget(px_session *s, px_chan *c, px_delivery *d) {
+  if (c->track.capture == d->tag)
+    c->track.capture = 0;
+  px__track_release(s, d);
+  d->state = PX_DL_GONE;
+  c->track.dl.ngone++;
+}
+
 void px__track_observe(px_session *s, const px_delivery *d) {
   if (d->state != PX_DL_RETRYING) /* observed when it was nacked */
     px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
                        uv_hrtime() / 1000 - d->delivered_us);
 }
 
-/* Drop deliveries [from, to); `settled`: by the client, just now. */
-static void dl_remove_range(px_session *s, px_chan *c, uint32_t from,
-                            uint32_t to, bool settled) {
-  px_track *t = &c->track;
-  for (uint32_t i = from; i < to; i++) {
-    if (settled)
-      px__track_observe(s, &t->dl[i]);
-    px__track_release(s, &t->dl[i]);
-  }
-  if (to < t->ndl)
-    memmove(t->dl + from, t->dl + to, (t->ndl - to) * sizeof *t->dl);
-  t->ndl -= to - from;
-  if (t->capture >= (int32_t)to)
-    t->capture -= (int32_t)(to - from);
-  else if (t->capture >= (int32_t)from)
-    t->capture = -1;
-}
-
 void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
   px_track *t = &c->track;
-  if (multiple) {
-    uint32_t n = 0;
-    while (n < t->ndl && (tag == 0 || t->dl[n].tag <= tag))
-      n++;
-    dl_remove_range(s, c, 0, n, true);
+  if (!multiple) {
+    px_delivery *d = px__track_find(c, tag);
+    if (d) {
+      px__track_observe(s, d);
+      px__track_forget(s, c, d);
+      px__track_tidy(c);
+    }
     return;
   }
-  px_delivery *d = px__track_find(c, tag);
-  if (d) {
-    uint32_t i = (uint32_t)(d - t->dl);
-    dl_remove_range(s, c, i, i + 1, true);
+  uint32_t n = px__track_upto(c, tag);
+  for (uint32_t i = 0; i < n; i++) {
+    px_delivery *d = px_dl_at(t, i);
+    if (d->state != PX_DL_GONE) {
+      px__track_observe(s, d);
+      px__track_forget(s, c, d);
+    }
   }
+  px__track_tidy(c);
 }
 
 void px__track_clear(px_session *s, px_chan *c) {
   px_track *t = &c->track;
-  dl_remove_range(s, c, 0, t->ndl, false);
-  free(t->dl);
-  t->dl = NULL;
-  t->cap_dl = 0;
-  t->capture = -1;
+  for (uint32_t i = 0; i < t->dl.n; i++)
+    if (px_dl_at(t, i)->state != PX_DL_GONE)
+      px__track_release(s, px_dl_at(t, i));
+  free(t->dl.ring);
+  memset(&t->dl, 0, sizeof t->dl);
+  t->capture = 0;
   t->lost = false;
+}
+
+/* Room for one more entry at the tail; false when the ring is at its
+ * bound (or out of memory). */
+static bool dl_make_room(px_track *t) {
+  if (t->dl.n < t->dl.cap)
+    return true;
+  if (t->dl.ngone)
+    dl_compact(t);
+  if (t->dl.n < t->dl.cap)
+    return true;
+  uint32_t cap = t->dl.cap ? t->dl.cap * 2 : 16;
+  px_delivery *ring =
+      cap <= PX_TRACK_MAX ? malloc((size_t)cap * sizeof *ring) : NULL;
+  if (!ring)
+    return false;
+  for (uint32_t i = 0; i < t->dl.n; i++)
+    ring[i] = *px_dl_at(t, i);
+  free(t->dl.ring);
+  t->dl.ring = ring;
+  t->dl.cap = cap;
+  t->dl.head = 0;
+  return true;
+}
+
+/* Copy the names a copy's headers need: queue NUL exchange NUL key NUL. */
+static char *dl_names(const char *queue, amqp_bytes exchange,
+                      amqp_bytes routing_key) {
+  size_t ql = strlen(queue);
+  char *p = malloc(ql + exchange.len + routing_key.len + 3);
+  if (!p)
+    return NULL;
+  memcpy(p, queue, ql + 1);
+  if (exchange.len)
+    memcpy(p + ql + 1, exchange.ptr, exchange.len);
+  p[ql + 1 + exchange.len] = '\0';
+  char *k = p + ql + exchange.len + 2;
+  if (routing_key.len)
+    memcpy(k, routing_key.ptr, routing_key.len);
+  k[routing_key.len] = '\0';
+  return p;
 }
 
 /* Track a delivery; with a rule, also start keeping its content (`queue`,
@@ -135,71 +227,48 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
                          const retry_rule *rule, const char *queue,
                          amqp_bytes exchange, amqp_bytes routing_key) {
   px_track *t = &c->track;
-  if (t->ndl && t->dl[t->ndl - 1].tag >= tag) {
-    t->lost = true; /* tags must grow; something was missed */
+  if ((t->dl.n && px_dl_at(t, t->dl.n - 1)->tag >= tag) || !dl_make_room(t)) {
+    t->lost = true; /* tags must grow, and the ring has a bound */
     return;
   }
-  if (t->ndl == t->cap_dl) {
-    uint32_t cap = t->cap_dl ? t->cap_dl * 2 : 16;
-    px_delivery *dl =
-        cap <= PX_TRACK_MAX ? realloc(t->dl, cap * sizeof *dl) : NULL;
-    if (!dl) {
-      t->lost = true;
-      return;
-    }
-    t->dl = dl;
-    t->cap_dl = cap;
-  }
-  px_delivery *d = &t->dl[t->ndl++];
+  px_delivery *d = px_dl_at(t, t->dl.n++);
   memset(d, 0, sizeof *d);
   d->tag = tag;
   d->state = PX_DL_UNCACHED;
-  d->rule = rule;
   d->gen = gen;
   d->qid = qid;
   d->delivered_us = uv_hrtime() / 1000;
-  if (!rule)
+  if (!rule || !(d->names = dl_names(queue, exchange, routing_key)))
     return;
-  size_t ql = strlen(queue);
-  d->names = malloc(ql + exchange.len + routing_key.len + 3);
-  if (!d->names) {
-    d->rule = NULL;
-    return;
-  }
-  char *p = d->names;
-  memcpy(p, queue, ql + 1);
-  p += ql + 1;
-  if (exchange.len)
-    memcpy(p, exchange.ptr, exchange.len);
-  p[exchange.len] = '\0';
-  p += exchange.len + 1;
-  if (routing_key.len)
-    memcpy(p, routing_key.ptr, routing_key.len);
-  p[routing_key.len] = '\0';
+  d->rule = rule;
   d->state = PX_DL_CAPTURE;
-  t->capture = (int32_t)(t->ndl - 1);
+  t->capture = tag;
 }
 
-/* Header and body frames of the delivery being captured. */
+/* Header and body frames of the delivery being captured (the newest). */
 void px__track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   px_track *t = &c->track;
-  if (t->capture < 0)
+  if (!t->capture || !t->dl.n)
     return;
-  px_delivery *d = &t->dl[t->capture];
+  px_delivery *d = px_dl_at(t, t->dl.n - 1);
+  if (d->tag != t->capture || d->state != PX_DL_CAPTURE) {
+    t->capture = 0;
+    return;
+  }
   if (f->type == AMQP_FRAME_HEADER && !d->content) {
     uint64_t body = amqp_content_header_peek_size(f->payload);
-    uint64_t need = f->payload.len + body;
-    if (need > UINT32_MAX || !cache_reserve(s, need)) {
-      uncache(s, d,
-              need > UINT32_MAX ? "message too large" : "cache bound reached");
-      t->capture = -1;
+    bool too_large = body > UINT32_MAX - f->payload.len;
+    uint64_t need = too_large ? 0 : f->payload.len + body;
+    if (too_large || !cache_reserve(s, need)) {
+      uncache(s, d, too_large ? "message too large" : "cache bound reached");
+      t->capture = 0;
       return;
     }
     d->content = malloc(need ? need : 1);
     if (!d->content) {
       cache_unreserve(s, need);
       uncache(s, d, "out of memory");
-      t->capture = -1;
+      t->capture = 0;
       return;
     }
     d->bytes = need;
@@ -215,7 +284,7 @@ void px__track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   }
   if (d->content && d->body_have == d->body_len) {
     d->state = PX_DL_CACHED;
-    t->capture = -1;
+    t->capture = 0;
   }
 }
 
@@ -230,11 +299,15 @@ static px_consumer *find_consumer(px_chan *c, amqp_bytes tag) {
   return NULL;
 }
 
+/* A consumer the broker has confirmed (consume-ok) or that no-wait says
+ * exists (`confirmed` false: its metrics label waits for a delivery). */
 static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
-                         const char *queue, bool no_ack) {
+                         const char *queue, bool no_ack, bool confirmed) {
   px_track *t = &c->track;
   px_consumer *k =
-      realloc(t->consumers, (t->nconsumers + 1) * sizeof *t->consumers);
+      t->nconsumers < PX_TRACK_MAX_CONSUMERS
+          ? realloc(t->consumers, (t->nconsumers + 1) * sizeof *t->consumers)
+          : NULL;
   if (!k) {
     t->lost = true;
     return;
@@ -254,7 +327,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->rule =
       no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
   k->gen = s->srv->cfg_gen;
-  k->qid = px_metrics_queue(s->srv, queue);
+  k->qid = confirmed ? px_metrics_queue(s->srv, queue) : -1;
   t->nconsumers++;
 }
 
@@ -267,17 +340,36 @@ static void remove_consumer(px_chan *c, amqp_bytes tag) {
   *k = c->track.consumers[--c->track.nconsumers];
 }
 
+static px_request *req_at(const px_reqq *q, uint32_t i) {
+  return &q->ring[(q->head + i) & (q->cap - 1)];
+}
+
+/* Room for one more request; false at the bound or out of memory. */
+static bool req_make_room(px_reqq *q) {
+  if (q->n < q->cap)
+    return true;
+  uint32_t cap = q->cap ? q->cap * 2 : 8;
+  px_request *ring =
+      cap <= PX_TRACK_MAX ? malloc((size_t)cap * sizeof *ring) : NULL;
+  if (!ring)
+    return false;
+  for (uint32_t i = 0; i < q->n; i++)
+    ring[i] = *req_at(q, i);
+  free(q->ring);
+  q->ring = ring;
+  q->cap = cap;
+  q->head = 0;
+  return true;
+}
+
 static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
                          amqp_bytes tag) {
   px_track *t = &c->track;
-  px_request *r =
-      realloc(t->requests, (t->nrequests + 1) * sizeof *t->requests);
-  if (!r) {
+  if (!req_make_room(&t->requests)) {
     t->lost = true;
     return;
   }
-  t->requests = r;
-  r = &t->requests[t->nrequests++];
+  px_request *r = req_at(&t->requests, t->requests.n++);
   r->is_get = is_get;
   r->no_ack = no_ack;
   r->queue = dup_bytes(queue);
@@ -286,12 +378,12 @@ static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
 
 /* The oldest request, removed; the caller frees its strings. */
 static bool pop_request(px_chan *c, px_request *out) {
-  px_track *t = &c->track;
-  if (t->nrequests == 0)
+  px_reqq *q = &c->track.requests;
+  if (q->n == 0)
     return false;
-  *out = t->requests[0];
-  if (--t->nrequests)
-    memmove(t->requests, t->requests + 1, t->nrequests * sizeof *t->requests);
+  *out = *req_at(q, 0);
+  q->head = (q->head + 1) & (q->cap - 1);
+  q->n--;
   return true;
 }
 
@@ -308,7 +400,7 @@ void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
       char *q = dup_bytes(a[AMQP_F_BASIC_CONSUME_QUEUE].b);
       if (q)
         add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
-                     a[AMQP_F_BASIC_CONSUME_NO_ACK].u);
+                     a[AMQP_F_BASIC_CONSUME_NO_ACK].u, false);
       free(q);
     } else {
       push_request(c, false, a[AMQP_F_BASIC_CONSUME_NO_ACK].u,
@@ -350,7 +442,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
     if (pop_request(c, &r)) {
       if (!r.is_get && r.queue)
         add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b, r.queue,
-                     r.no_ack);
+                     r.no_ack, true);
       request_free(&r);
     }
     break;
@@ -361,7 +453,7 @@ void px__track_upstream_method(px_session *s, px_chan *c,
     remove_consumer(c, a[AMQP_F_BASIC_CANCEL_CONSUMER_TAG].b);
     break;
   case AMQP_BASIC_GET_OK:
-    c->track.capture = -1;
+    c->track.capture = 0;
     if (!pop_request(c, &r)) {
       c->track.lost = true;
       break;
@@ -389,12 +481,14 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   amqp_bytes ctag = amqp_get_shortstr(&r);
   uint64_t tag = amqp_get_u64(&r);
   amqp_method m;
-  c->track.capture = -1;
+  c->track.capture = 0;
   px_consumer *k = r.failed ? NULL : find_consumer(c, ctag);
   if (!k) {
     c->track.lost = true;
     return;
   }
+  if (k->qid < 0) /* a no-wait consumer: the broker delivers, so it exists */
+    k->qid = px_metrics_queue(s->srv, k->queue);
   if (k->no_ack)
     return;
   if (k->gen != s->srv->cfg_gen) { /* reloaded: the new policy decides */
@@ -406,7 +500,8 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
                  (amqp_bytes){0});
     return;
   }
-  if (amqp_method_decode(payload, &m) != AMQP_OK) {
+  if (amqp_method_decode_flags(payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
+      AMQP_OK) {
     c->track.lost = true;
     return;
   }
@@ -423,12 +518,11 @@ void px__track_free(px_session *s, px_chan *c) {
     free(c->track.consumers[i].queue);
   }
   free(c->track.consumers);
-  for (uint32_t i = 0; i < c->track.nrequests; i++)
-    request_free(&c->track.requests[i]);
-  free(c->track.requests);
+  for (uint32_t i = 0; i < c->track.requests.n; i++)
+    request_free(req_at(&c->track.requests, i));
+  free(c->track.requests.ring);
   free(c->track.pub_us);
   memset(&c->track, 0, sizeof c->track);
-  c->track.capture = -1;
 }
 
 /* ---- publisher confirms of the client's publishes (metrics) ------------- */

@@ -6,6 +6,12 @@
  * queue with a retry policy also keeps its content header and body, within
  * the per-connection and process-wide cache bounds, so that a nack can be
  * turned into a republished copy.
+ *
+ * Bounds: at most PX_TRACK_MAX unsettled deliveries, PX_TRACK_MAX requests
+ * in flight and PX_TRACK_MAX_CONSUMERS consumers per channel (past them the
+ * channel is marked `lost`: its requeues pass through, never wrongly
+ * retried); nothing is tracked on a channel that is closing or that the
+ * broker closed.
  */
 #ifndef PX_TRACK_H
 #define PX_TRACK_H
@@ -22,8 +28,10 @@ typedef struct px_consumer {
   bool no_ack;
   char *queue;
   const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
-  uint32_t gen;           /* ... under this config generation */
-  int qid;                /* metrics label slot of `queue` */
+  uint32_t gen;           /* ... under this config generation; `rule` is
+                             used only while gen is the server's cfg_gen */
+  int qid; /* metrics label slot of `queue`; -1 until the broker has shown
+              the consumer exists (consume-ok or a first delivery) */
 } px_consumer;
 
 /* basic.consume / basic.get waiting for their answer, in order. */
@@ -39,6 +47,7 @@ typedef enum px_dl_state {
   PX_DL_CAPTURE,  /* header/body being copied */
   PX_DL_CACHED,   /* can be retried */
   PX_DL_RETRYING, /* a copy is being published */
+  PX_DL_GONE,     /* settled: a hole in the queue, skipped */
 } px_dl_state;
 
 typedef struct px_delivery {
@@ -55,14 +64,30 @@ typedef struct px_delivery {
   uint64_t bytes; /* counted against the cache bounds */
 } px_delivery;
 
+/* Unsettled deliveries of a channel, oldest first, in a ring of `cap`
+ * (a power of two) entries. Tags grow, so the ring is sorted by tag and
+ * found by binary search; settling the oldest pops it, settling one in the
+ * middle leaves a PX_DL_GONE hole that is popped when it reaches an end,
+ * and holes are squeezed out once they are half the ring. Every operation
+ * is O(log n) or amortised O(1). */
+typedef struct px_dlq {
+  px_delivery *ring;
+  uint32_t head, n, cap, ngone;
+} px_dlq;
+
+/* basic.consume / basic.get requests in flight, oldest first (a ring). */
+typedef struct px_reqq {
+  px_request *ring;
+  uint32_t head, n, cap;
+} px_reqq;
+
 typedef struct px_track {
   px_consumer *consumers;
   uint32_t nconsumers;
-  px_request *requests;
-  uint32_t nrequests;
-  px_delivery *dl; /* sorted by tag */
-  uint32_t ndl, cap_dl;
-  int32_t capture; /* index of the delivery whose content is arriving */
+  px_reqq requests;
+  px_dlq dl;
+  uint64_t capture; /* tag of the newest delivery, whose content is
+                       arriving and being kept; 0: none */
   uint32_t retries_pending;
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
   /* publisher confirms of the client's own publishes (for metrics) */
@@ -71,6 +96,12 @@ typedef struct px_track {
   uint32_t pub_head, pub_n, pub_cap;
   uint64_t pub_seq; /* sequence number of the oldest in the ring */
 } px_track;
+
+/* The i-th oldest entry of the unsettled deliveries (i < dl.n), holes
+ * included. */
+static inline px_delivery *px_dl_at(const px_track *t, uint32_t i) {
+  return &t->dl.ring[(t->dl.head + i) & (t->dl.cap - 1)];
+}
 
 static inline const char *px_dl_queue(const px_delivery *d) {
   return d->names;

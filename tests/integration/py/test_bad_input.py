@@ -96,7 +96,7 @@ MALFORMED = {
     "bad-frame-end": (False, a.frame(a.FRAME_HEARTBEAT, 0, b"", end=0x00), 501),
     "unknown-frame-type": (False, a.frame(9, 0, b""), 501),
     "oversized-frame": (False, _oversized(), 501),
-    "heartbeat-on-channel-1": (False, a.frame(a.FRAME_HEARTBEAT, 1, b""), 501),
+    "heartbeat-on-channel-1": (False, a.frame(a.FRAME_HEARTBEAT, 1, b""), 505),
     "body-on-channel-0": (False, a.frame(a.FRAME_BODY, 0, b"abc"), 505),
     "header-on-channel-0": (False, a.content_header(0, 3), 505),
     "body-without-header": (True, a.basic_publish(1, "", "q") + a.frame(a.FRAME_BODY, 1, b"abc"), 505),
@@ -282,6 +282,6 @@ def test_listen_failure_exits_cleanly(rebound, tmp_path):
     p = subprocess.run([rbtest.BIN, "--listen", rebound.addr, "--upstream",
                         "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
     assert p.returncode != 0
-    assert "msg=listen_failed" in p.stderr
+    assert "msg=listen_bind_failed" in p.stderr
     found = [m for m in rbtest.SANITIZER_MARKERS if m in p.stderr]
     assert not found, "sanitizer report on the listen-failure path:\n" + p.stderr
