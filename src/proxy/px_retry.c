@@ -538,9 +538,14 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
 
 /* Complete ops [0, n) and drop them from the ring. */
 static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
-  px_retry_op one, *done = n == 1 ? &one : malloc((size_t)n * sizeof *done);
-  if (n == 0 || !done)
+  if (n == 0)
     return;
+  px_retry_op one, *done = n == 1 ? &one : malloc((size_t)n * sizeof *done);
+  if (!done) { /* out of memory: one at a time, each copied on the stack */
+    for (uint32_t i = 0; i < n && s->nops; i++)
+      finish_prefix(s, 1, ok, why);
+    return;
+  }
   /* copy first: finishing may release held frames that start new ops */
   for (uint32_t i = 0; i < n; i++)
     done[i] = *op_at(s, i);
