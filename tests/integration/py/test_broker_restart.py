@@ -80,13 +80,20 @@ def test_broker_restart_clean_close_and_reconnect(rebound_factory, private_broke
     assert rb.wait_log("broker_close", code=320)
 
     # 2. broker down: a client is refused promptly (no hang), the log names
-    # the address that failed
+    # the address that failed: the session's upstream_unreachable, with the
+    # addresses tried. The readiness probe's failure, whenever the probe
+    # runs, is an event of its own with other fields.
     t0 = time.monotonic()
     with pytest.raises(AMQPConnectionError):
         rb.pika(pb)
     assert time.monotonic() - t0 < 10
-    line = rb.wait_log("upstream_unreachable")
-    assert pb.addr in line["tried"]
+    rb.wait_log("upstream_unreachable")
+    lines = rb.log_lines("upstream_unreachable")
+    assert len(lines) == 1, lines
+    assert pb.addr in lines[0]["tried"] and "id" in lines[0], lines[0]
+    probe = rb.wait_log("readiness_probe_failed", upstream=pb.addr)
+    assert "refused" in probe["error"], probe
+    assert all("tried" in l for l in rb.log_lines("upstream_unreachable"))
     rb.wait_conn_sockets(0, timeout=10)
     assert rb.alive()
 
