@@ -227,9 +227,8 @@ static bool same_addr(const px_addr *a, const px_addr *b) {
 static void reload(px_server *srv) {
   char err[512];
   px_config *next = malloc(sizeof *next);
-  if (!next || srv->nretired == sizeof srv->retired / sizeof srv->retired[0]) {
+  if (!next) {
     px_error("config_reload_no_memory", PX_S("error", "out of memory"));
-    free(next);
     return;
   }
   if (px_config_load(next, srv->argc, srv->argv, srv->env, err, sizeof err) !=
@@ -239,7 +238,7 @@ static void reload(px_server *srv) {
     free(next);
     return;
   }
-  const px_config *old = srv->cfg;
+  px_config *old = (px_config *)srv->cfg;
   if (!same_addr(&next->listen, &old->listen)) {
     uv_tcp_t *l = bind_listener(srv, &next->listen);
     if (l) {
@@ -259,9 +258,14 @@ static void reload(px_server *srv) {
   }
   px_log_set_level(next->log_level);
   px_log_set_format(next->log_format);
-  srv->retired[srv->nretired++] = (px_config *)old;
+  /* Nothing keeps a pointer into the old config but the retry_rule of a
+   * consumer or delivery, and that one is used only while the generation
+   * recorded with it is cfg_gen (px_track.c and px_retry.c match the rule
+   * again otherwise). Bumping cfg_gen therefore retires every rule of the
+   * old config, and it can be freed now. */
   srv->cfg = next;
   srv->cfg_gen++;
+  free(old);
   px_info("config_reloaded", PX_U("generation", srv->cfg_gen),
           PX_U("policies", next->retry.nrules),
           PX_U("upstreams", next->n_upstreams));
@@ -286,9 +290,6 @@ void px_server_enable_reload(px_server *srv, int argc, char **argv,
 }
 
 void px_server_free(px_server *srv) {
-  for (unsigned i = 0; i < srv->nretired; i++)
-    free(srv->retired[i]);
-  srv->nretired = 0;
   if (srv->argv)
     free((px_config *)srv->cfg);
   srv->cfg = NULL;

@@ -70,9 +70,10 @@ typedef struct px_server {
   int argc;
   char **argv;
   const char *(*env)(const char *);
-  px_config *retired[64]; /* configs before reloads: rules still in use */
-  unsigned nretired;
-  uint32_t cfg_gen; /* bumped by each reload */
+  /* bumped by each reload. A retry_rule pointer recorded with a
+   * generation (px_track.h) is used only while that generation is
+   * current, which is what lets a reload free the config it replaces. */
+  uint32_t cfg_gen;
   uv_timer_t drain_timer;
   struct px_session *sessions; /* doubly linked */
   uint64_t next_id;
@@ -98,11 +99,11 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg);
 
 /* Remember how the config was given (argv, env) so that SIGHUP can read it
  * again; `cfg` passed to px_server_start must then be malloc'ed (the server
- * frees it and every later one in px_server_free). */
+ * frees it when a reload replaces it, and the last one in px_server_free). */
 void px_server_enable_reload(px_server *srv, int argc, char **argv,
                              const char *(*env)(const char *));
 
-/* Free the configs (current and retired). After the loop has ended. */
+/* Free the config. After the loop has ended. */
 void px_server_free(px_server *srv);
 
 /* Stop the admin endpoint and the upstream probe (at shutdown). */
