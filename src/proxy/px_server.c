@@ -1,5 +1,16 @@
+/* px_server.c - the listener, the readiness probe, signals, reload and
+ * shutdown.
+ *
+ * Every handle here is closed exactly once, by one owner: the listener by
+ * the SIGTERM handler or a reload that replaces it (else px_server_stop),
+ * the probe's socket by its connect callback or px_server_stop (which
+ * cancels a connect in progress; the callback then sees the handle closing
+ * and leaves it alone), the timers by px_server_stop, the signal handlers
+ * by px_server_close.
+ */
 #include "px_server.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +32,8 @@ static void on_connection(uv_stream_t *listener, int status) {
   if (rc < 0)
     px_warn("session_accept_failed", PX_S("error", uv_strerror(rc)));
 }
+
+/* ---- shutdown ------------------------------------------------------------ */
 
 static void stop_loop_if_done(px_server *srv) {
   if (srv->draining && !srv->sessions) {
@@ -49,8 +62,6 @@ static void on_drain_timeout(uv_timer_t *t) {
 
 /* ---- readiness: is an upstream reachable? ------------------------------- */
 
-static void probe_next(px_server *srv);
-
 static void on_probe_closed(uv_handle_t *h) {
   px_server *srv = h->data;
   srv->probe_busy = false;
@@ -58,36 +69,36 @@ static void on_probe_closed(uv_handle_t *h) {
 
 static void on_probe_connect(uv_connect_t *req, int status) {
   px_server *srv = req->data;
-  char addr[300];
-  px_addr_format(&srv->cfg->upstream[srv->probe_idx], addr, sizeof addr);
+  if (uv_is_closing((uv_handle_t *)&srv->probe_tcp))
+    return; /* px_server_stop closed it (status UV_ECANCELED) */
+  bool last = srv->probe_idx + 1 >= srv->cfg->n_upstreams;
   if (status == 0) {
     srv->upstream_ok = true;
     srv->upstream_err[0] = '\0';
-  } else if (srv->probe_idx + 1 >= srv->cfg->n_upstreams) {
+  } else if (last) {
     if (srv->upstream_ok)
-      px_warn("readiness_probe_failed", PX_S("upstream", addr),
+      px_warn("readiness_probe_failed", PX_S("upstream", srv->probe_addr),
               PX_S("error", uv_strerror(status)));
     srv->upstream_ok = false;
     snprintf(srv->upstream_err, sizeof srv->upstream_err,
-             "no upstream reachable (last: %s: %s)", addr, uv_strerror(status));
+             "no upstream reachable (last: %s: %s)", srv->probe_addr,
+             uv_strerror(status));
   }
-  bool again = status != 0 && srv->probe_idx + 1 < srv->cfg->n_upstreams;
+  /* a failed address: the next one at the next tick, once this handle is
+   * closed */
+  srv->probe_idx = status != 0 && !last ? srv->probe_idx + 1 : 0;
   uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
-  if (again) {
-    srv->probe_idx++;
-    /* the next address once this handle is closed: next timer tick */
-  } else {
-    srv->probe_idx = 0;
-  }
 }
 
 /* Try the upstreams in order with a plain TCP connect (numeric addresses;
  * a name counts as reachable when sessions reach it). */
 static void probe_next(px_server *srv) {
   struct sockaddr_storage ss;
-  const px_addr *a = &srv->cfg->upstream[srv->probe_idx];
-  if (srv->probe_busy || srv->draining)
+  if (srv->probe_busy || srv->draining || srv->stopped)
     return;
+  if (srv->probe_idx >= srv->cfg->n_upstreams) /* a reload shortened it */
+    srv->probe_idx = 0;
+  const px_addr *a = &srv->cfg->upstream[srv->probe_idx];
   if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
       uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
     srv->probe_idx = 0;
@@ -95,6 +106,7 @@ static void probe_next(px_server *srv) {
   }
   if (uv_tcp_init(srv->loop, &srv->probe_tcp) != 0)
     return;
+  px_addr_format(a, srv->probe_addr, sizeof srv->probe_addr);
   srv->probe_tcp.data = srv;
   srv->probe_req.data = srv;
   srv->probe_busy = true;
@@ -147,29 +159,48 @@ static void route(void *ctx, const char *method, const char *path,
   }
 }
 
+static void on_listener_closed(uv_handle_t *h) {
+  free(h);
+}
+
 void px_server_stop(px_server *srv) {
-  uv_timer_stop(&srv->probe_timer);
+  if (srv->stopped)
+    return;
+  srv->stopped = true;
+  if (srv->listener) {
+    uv_close((uv_handle_t *)srv->listener, on_listener_closed);
+    srv->listener = NULL;
+  }
+  uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+  uv_close((uv_handle_t *)&srv->probe_timer, NULL);
+  if (srv->probe_busy && !uv_is_closing((uv_handle_t *)&srv->probe_tcp))
+    uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
   if (srv->admin_on) {
     srv->admin_on = false;
     px_admin_stop(&srv->admin, NULL, NULL);
   }
 }
 
-static void on_listener_closed(uv_handle_t *h);
+/* ---- signals ------------------------------------------------------------- */
+
+static void signal_ignored(int signum, const char *reason) {
+  px_info("signal_ignored", PX_I("signal", signum), PX_S("reason", reason));
+}
 
 static void on_signal(uv_signal_t *sig, int signum) {
   px_server *srv = sig->data;
   if (srv->draining) {
-    px_info("signal_ignored", PX_I("signal", signum),
-            PX_S("reason", "already draining"));
+    signal_ignored(signum, "already draining");
     return;
   }
   srv->draining = true;
   px_info("shutdown", PX_I("signal", signum),
           PX_U("sessions", srv->stats.sessions_current),
           PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
-  uv_close((uv_handle_t *)srv->listener, on_listener_closed);
-  srv->listener = NULL;
+  if (srv->listener) {
+    uv_close((uv_handle_t *)srv->listener, on_listener_closed);
+    srv->listener = NULL;
+  }
   for (px_session *s = srv->sessions, *next; s; s = next) {
     next = s->next; /* draining may unlink s */
     px_session_drain(s);
@@ -179,8 +210,9 @@ static void on_signal(uv_signal_t *sig, int signum) {
   stop_loop_if_done(srv);
 }
 
-static void on_listener_closed(uv_handle_t *h) {
-  free(h);
+static void on_sigusr(uv_signal_t *sig, int signum) {
+  (void)sig;
+  signal_ignored(signum, "no action for this signal");
 }
 
 /* A new listening socket on `a`, or NULL (logged). */
@@ -276,10 +308,11 @@ static void on_sighup(uv_signal_t *sig, int signum) {
   if (!srv->argv) {
     px_warn("reload_not_enabled", PX_I("signal", signum),
             PX_S("action", "ignored"));
-    return;
-  }
-  if (!srv->draining)
+  } else if (srv->draining) {
+    signal_ignored(signum, "already draining");
+  } else {
     reload(srv);
+  }
 }
 
 void px_server_enable_reload(px_server *srv, int argc, char **argv,
@@ -289,10 +322,38 @@ void px_server_enable_reload(px_server *srv, int argc, char **argv,
   srv->env = env;
 }
 
+static const int handled_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1,
+                                      SIGUSR2};
+
+void px_server_close(px_server *srv) {
+  uv_signal_t *handlers[] = {&srv->sigterm, &srv->sigint, &srv->sighup,
+                             &srv->sigusr1, &srv->sigusr2};
+  enum { N = sizeof handled_signals / sizeof handled_signals[0] };
+  sigset_t set;
+  px_server_stop(srv);
+  /* closing libuv's handler of a signal restores its default action,
+   * which for these is to end the process */
+  sigemptyset(&set);
+  for (int i = 0; i < N; i++)
+    sigaddset(&set, handled_signals[i]);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+  for (int i = 0; i < N; i++) {
+    uv_close((uv_handle_t *)handlers[i], NULL);
+    signal(handled_signals[i], SIG_IGN);
+  }
+}
+
 void px_server_free(px_server *srv) {
   if (srv->argv)
     free((px_config *)srv->cfg);
   srv->cfg = NULL;
+}
+
+static void start_signal(px_server *srv, uv_signal_t *h, uv_signal_cb cb,
+                         int signum) {
+  uv_signal_init(srv->loop, h);
+  h->data = srv;
+  uv_signal_start(h, cb, signum);
 }
 
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
@@ -304,14 +365,11 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
     return UV_EINVAL;
   uv_timer_init(loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
-  uv_signal_init(loop, &srv->sigterm);
-  uv_signal_init(loop, &srv->sigint);
-  srv->sigterm.data = srv->sigint.data = srv;
-  uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&srv->sigint, on_signal, SIGINT);
-  uv_signal_init(loop, &srv->sighup);
-  srv->sighup.data = srv;
-  uv_signal_start(&srv->sighup, on_sighup, SIGHUP);
+  start_signal(srv, &srv->sigterm, on_signal, SIGTERM);
+  start_signal(srv, &srv->sigint, on_signal, SIGINT);
+  start_signal(srv, &srv->sighup, on_sighup, SIGHUP);
+  start_signal(srv, &srv->sigusr1, on_sigusr, SIGUSR1);
+  start_signal(srv, &srv->sigusr2, on_sigusr, SIGUSR2);
   srv->started_ms = uv_now(loop);
   uv_timer_init(loop, &srv->probe_timer);
   srv->probe_timer.data = srv;

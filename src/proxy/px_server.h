@@ -3,7 +3,8 @@
  * One per process, on one libuv loop. It accepts clients, creates a session
  * for each (px_session.h), and on SIGTERM/SIGINT stops accepting, asks
  * every session to close (connection.close 320) and exits once they are
- * gone or the drain timeout passes.
+ * gone or the drain timeout passes. SIGHUP reloads the config; SIGUSR1 and
+ * SIGUSR2 are logged and ignored.
  */
 #ifndef PX_SERVER_H
 #define PX_SERVER_H
@@ -64,8 +65,8 @@ typedef struct px_metrics_store {
 typedef struct px_server {
   uv_loop_t *loop;
   const px_config *cfg;
-  uv_tcp_t *listener; /* heap: a reload may replace it */
-  uv_signal_t sigterm, sigint, sighup;
+  uv_tcp_t *listener; /* heap: a reload may replace it; NULL once closed */
+  uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
   /* how the config was given, to read it again on SIGHUP */
   int argc;
   char **argv;
@@ -78,6 +79,7 @@ typedef struct px_server {
   struct px_session *sessions; /* doubly linked */
   uint64_t next_id;
   bool draining;
+  bool stopped; /* px_server_stop has run */
   px_stats stats;
   px_metrics_store metrics;
   uint64_t started_ms;
@@ -85,16 +87,18 @@ typedef struct px_server {
   px_admin admin;
   bool admin_on;
   uv_timer_t probe_timer;
-  uv_tcp_t probe_tcp;
+  uv_tcp_t probe_tcp; /* open while probe_busy */
   uv_connect_t probe_req;
   unsigned probe_idx;
+  char probe_addr[300]; /* the address being probed */
   bool probe_busy;
   bool upstream_ok;       /* the last probe (or session) reached one */
   char upstream_err[384]; /* why not, for /readyz */
 } px_server;
 
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a
- * negative libuv error (logged). `cfg` must outlive the server. */
+ * negative libuv error (logged; running the loop then finishes closing the
+ * listener that failed). `cfg` must outlive the server. */
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg);
 
 /* Remember how the config was given (argv, env) so that SIGHUP can read it
@@ -103,11 +107,18 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg);
 void px_server_enable_reload(px_server *srv, int argc, char **argv,
                              const char *(*env)(const char *));
 
+/* Stop serving: close the listener, the timers, a probe in progress and the
+ * admin endpoint, each once. The signal handlers stay (a late signal is
+ * logged as ignored). Safe to call again. */
+void px_server_stop(px_server *srv);
+
+/* After the loop has returned: px_server_stop, then close the signal
+ * handlers with those signals blocked and then ignored, so that a late
+ * signal cannot end the process while the last callbacks run. */
+void px_server_close(px_server *srv);
+
 /* Free the config. After the loop has ended. */
 void px_server_free(px_server *srv);
-
-/* Stop the admin endpoint and the upstream probe (at shutdown). */
-void px_server_stop(px_server *srv);
 
 /* Called by a session when it has fully closed and is about to be freed. */
 void px_server_session_gone(px_server *srv, struct px_session *s);

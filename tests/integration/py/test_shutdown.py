@@ -85,3 +85,25 @@ def test_second_signal_during_drain_is_harmless(rebound_factory, broker):
     c.wait_eof(timeout=5)
     c.close()
     assert rb.wait_exit(timeout=10) == 0
+
+
+def test_other_signals_during_drain_are_logged_and_harmless(rebound_factory,
+                                                            broker):
+    """While draining, SIGHUP (no reload any more) and SIGUSR1/SIGUSR2 are
+    logged as ignored; the drain finishes and rebound exits 0."""
+    rb = rebound_factory("--drain-timeout", "5s")
+    c = a.RawClient(rb.port)
+    c.handshake(broker.user, broker.password, broker.vhost)
+    rb.signal(signal.SIGTERM)
+    assert c.expect_connection_close(timeout=5)[0] == 320
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        rb.signal(sig)
+        rb.wait_log("signal_ignored", signal=int(sig))
+    assert rb.log_lines("signal_ignored", signal=int(signal.SIGHUP),
+                        reason="already draining")
+    assert not rb.log_lines("config_reloaded")
+    c.send(a.connection_close_ok())
+    c.wait_eof(timeout=5)
+    c.close()
+    assert rb.wait_exit(timeout=10) == 0
+    assert not rb.sanitizer_report()
