@@ -1,11 +1,13 @@
 /* rebound - a transparent AMQP 0-9-1 proxy that turns requeues into
  * delayed, counted retries. */
+#include <errno.h>
 #include <llhttp.h>
 #include <openssl/opensslv.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 #include <yaml.h>
 
@@ -37,6 +39,21 @@ static void close_walk(uv_handle_t *h, void *arg) {
   uv_close(h, NULL);
 }
 
+/* Every client takes two file descriptors (its socket and its upstream's):
+ * use all the hard limit allows. */
+static void raise_fd_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+    return;
+  uint64_t soft = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    px_warn("fd_limit_raise_failed", PX_U("soft", soft),
+            PX_U("hard", rl.rlim_max), PX_S("error", strerror(errno)));
+  else
+    px_info("fd_limit_raised", PX_U("from", soft), PX_U("to", rl.rlim_max));
+}
+
 int main(int argc, char **argv) {
   px_config *cfg = malloc(sizeof *cfg); /* freed by px_server_free */
   char err[512];
@@ -64,6 +81,7 @@ int main(int argc, char **argv) {
   px_log_set_level(cfg->log_level);
   px_log_set_format(cfg->log_format);
   signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
   if (uv_loop_init(&loop) != 0)
     return 1;
   int rc = px_server_start(&srv, &loop, cfg) == 0 ? 0 : 1;

@@ -1,19 +1,25 @@
-/* px_server.c - the listener, the readiness probe, signals, reload and
- * shutdown.
+/* px_server.c - the listener and admission of clients, the readiness
+ * probe, signals, reload and shutdown.
  *
  * Every handle here is closed exactly once, by one owner: the listener by
  * the SIGTERM handler or a reload that replaces it (else px_server_stop),
  * the probe's socket by its connect callback or px_server_stop (which
  * cancels a connect in progress; the callback then sees the handle closing
  * and leaves it alone), the timers by px_server_stop, the signal handlers
- * by px_server_close.
+ * by px_server_close. A refused client's socket is closed where it is
+ * accepted.
  */
 #include "px_server.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "px_buf.h"
 #include "px_log.h"
@@ -21,16 +27,149 @@
 #include "px_session.h"
 
 #define PX_PROBE_INTERVAL_MS 2000
+/* File descriptors a client connection takes: its socket and its
+ * upstream's. */
+#define PX_FDS_PER_CONNECTION 2
+/* Free descriptors wanted to take a client: its upstream socket, the
+ * readiness probe's and one for libuv to accept the next client with. Out
+ * of descriptors, libuv accepts and closes clients without telling
+ * rebound; keeping these free, rebound refuses (and counts) them itself. */
+#define PX_ACCEPT_HEADROOM 3
+/* Descriptors "auto" leaves out of the connection cap besides those open
+ * at start: the admin endpoint's connections (px_admin's cap) and a few
+ * for the probe, name lookups and refusing a client. */
+#define PX_ADMIN_FDS 64
+#define PX_FD_SLACK 16
+
+/* ---- admission ----------------------------------------------------------- */
+
+/* Whether to write a line for a repeated event now: the first, then at
+ * most one per PX_LOG_LIMIT_MS. `*unlogged` is how many were not written
+ * since the previous line. */
+static bool log_limit_pass(px_log_limit *l, uint64_t now_ms,
+                           uint64_t *unlogged) {
+  if (l->any && now_ms - l->last_ms < PX_LOG_LIMIT_MS) {
+    l->unlogged++;
+    return false;
+  }
+  *unlogged = l->unlogged;
+  l->unlogged = 0;
+  l->last_ms = now_ms;
+  l->any = true;
+  return true;
+}
+
+static void accept_error(px_server *srv, int err) {
+  uint64_t unlogged;
+  srv->stats.accept_errors++;
+  if (log_limit_pass(&srv->accept_log, uv_now(srv->loop), &unlogged))
+    px_warn("accept_failed", PX_S("error", uv_strerror(err)),
+            PX_U("accept_errors", srv->stats.accept_errors),
+            PX_U("unlogged", unlogged));
+}
+
+static void on_refused_closed(uv_handle_t *h) {
+  px_server *srv = h->data;
+  if (h == (uv_handle_t *)&srv->refuse_tcp)
+    srv->refuse_tcp_busy = false;
+  else
+    free(h);
+}
+
+/* Take the client libuv has accepted, if no session took it, and close its
+ * socket at once. (Until the accepted socket is taken, libuv accepts no
+ * other client.) */
+static void close_pending(px_server *srv, uv_stream_t *listener) {
+  uv_tcp_t *t = malloc(sizeof *t);
+  if (!t && !srv->refuse_tcp_busy) {
+    t = &srv->refuse_tcp;
+    srv->refuse_tcp_busy = true;
+  }
+  if (!t)
+    return;
+  uv_tcp_init(srv->loop, t); /* no socket yet: cannot fail */
+  t->data = srv;
+  (void)uv_accept(listener, (uv_stream_t *)t);
+  uv_close((uv_handle_t *)t, on_refused_closed);
+}
+
+static void refuse_over_cap(px_server *srv, uv_stream_t *listener) {
+  uint64_t unlogged;
+  close_pending(srv, listener);
+  srv->stats.connections_refused++;
+  if (log_limit_pass(&srv->refused_log, uv_now(srv->loop), &unlogged))
+    px_warn("client_connections_refused",
+            PX_U("max_connections", srv->max_connections),
+            PX_U("connections", srv->stats.sessions_current),
+            PX_U("refused_total", srv->stats.connections_refused),
+            PX_U("unlogged", unlogged));
+}
+
+/* 0 when PX_ACCEPT_HEADROOM more file descriptors can be opened now, else
+ * UV_EMFILE or UV_ENFILE. */
+static int check_fd_headroom(px_server *srv) {
+  int fds[PX_ACCEPT_HEADROOM], got = 0, rc = 0;
+  if (srv->spare_fd < 0)
+    return 0; /* cannot tell */
+  while (got < PX_ACCEPT_HEADROOM &&
+         (fds[got] = fcntl(srv->spare_fd, F_DUPFD_CLOEXEC, 0)) >= 0)
+    got++;
+  if (got < PX_ACCEPT_HEADROOM && (errno == EMFILE || errno == ENFILE))
+    rc = uv_translate_sys_error(errno);
+  for (int i = 0; i < got; i++)
+    close(fds[i]);
+  return rc;
+}
 
 static void on_connection(uv_stream_t *listener, int status) {
   px_server *srv = listener->data;
   if (status < 0) {
-    px_warn("accept_failed", PX_S("error", uv_strerror(status)));
+    accept_error(srv, status);
     return;
   }
-  int rc = px_session_accept(srv, listener);
-  if (rc < 0)
-    px_warn("session_accept_failed", PX_S("error", uv_strerror(rc)));
+  if (srv->stats.sessions_current >= srv->max_connections) {
+    refuse_over_cap(srv, listener);
+    return;
+  }
+  int rc = check_fd_headroom(srv);
+  if (rc < 0) {
+    close_pending(srv, listener);
+    accept_error(srv, rc);
+    return;
+  }
+  rc = px_session_accept(srv, listener);
+  if (rc < 0) {
+    close_pending(srv, listener);
+    accept_error(srv, rc);
+  }
+}
+
+/* The connection cap under `cfg`: its max_connections, or under "auto"
+ * what the file descriptor limit leaves for clients. Logged when it
+ * differs from `prev`, with a warning when a configured number cannot fit
+ * in the descriptors (then clients past the limit are refused as accept
+ * errors). */
+static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
+                                 uint32_t prev) {
+  struct rlimit rl;
+  uint64_t fds =
+      getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+          ? (uint64_t)rl.rlim_cur
+          : UINT64_MAX;
+  uint64_t fit = fds > srv->fd_reserve + PX_FDS_PER_CONNECTION
+                     ? (fds - srv->fd_reserve) / PX_FDS_PER_CONNECTION
+                     : 1;
+  if (fit > PX_MAX_CONNECTIONS_LIMIT)
+    fit = PX_MAX_CONNECTIONS_LIMIT;
+  uint32_t n = cfg->max_connections ? cfg->max_connections : (uint32_t)fit;
+  if (n == prev)
+    return n;
+  px_info("connection_limit", PX_U("max_connections", n),
+          PX_BOOL("auto", cfg->max_connections == 0), PX_U("fd_limit", fds));
+  if (n > fit)
+    px_warn("max_connections_over_fd_limit", PX_U("max_connections", n),
+            PX_U("fd_limit", fds), PX_U("fits", fit));
+  return n;
 }
 
 /* ---- shutdown ------------------------------------------------------------ */
@@ -254,8 +393,8 @@ static bool same_addr(const px_addr *a, const px_addr *b) {
 }
 
 /* SIGHUP: read the config again. New policy for new decisions (copies in
- * flight finish as they are), new listener and upstreams for new
- * connections; an invalid config keeps the old one. */
+ * flight finish as they are), new listener, upstreams and connection cap
+ * for new connections; an invalid config keeps the old one. */
 static void reload(px_server *srv) {
   char err[512];
   px_config *next = malloc(sizeof *next);
@@ -298,6 +437,7 @@ static void reload(px_server *srv) {
   srv->cfg = next;
   srv->cfg_gen++;
   free(old);
+  srv->max_connections = connection_limit(srv, next, srv->max_connections);
   px_info("config_reloaded", PX_U("generation", srv->cfg_gen),
           PX_U("policies", next->retry.nrules),
           PX_U("upstreams", next->n_upstreams));
@@ -347,6 +487,21 @@ void px_server_free(px_server *srv) {
   if (srv->argv)
     free((px_config *)srv->cfg);
   srv->cfg = NULL;
+  if (srv->spare_fd >= 0)
+    close(srv->spare_fd);
+  srv->spare_fd = -1;
+}
+
+/* File descriptors open now (32 when /proc cannot tell). */
+static unsigned open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  unsigned n = 0;
+  if (!d)
+    return 32;
+  while (readdir(d))
+    n++;
+  closedir(d);
+  return n > 3 ? n - 3 : n; /* ".", ".." and the directory's own */
 }
 
 static void start_signal(px_server *srv, uv_signal_t *h, uv_signal_cb cb,
@@ -360,9 +515,11 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->cfg = cfg;
+  srv->spare_fd = -1;
   srv->listener = bind_listener(srv, &cfg->listen);
   if (!srv->listener)
     return UV_EINVAL;
+  srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
   start_signal(srv, &srv->sigterm, on_signal, SIGTERM);
@@ -379,5 +536,8 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
     srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,
                                    cfg->admin.port, route, srv) == 0;
   }
+  srv->fd_reserve =
+      open_fds() + (srv->admin_on ? PX_ADMIN_FDS : 0) + PX_FD_SLACK;
+  srv->max_connections = connection_limit(srv, cfg, 0);
   return 0;
 }

@@ -5,6 +5,11 @@
  * every session to close (connection.close 320) and exits once they are
  * gone or the drain timeout passes. SIGHUP reloads the config; SIGUSR1 and
  * SIGUSR2 are logged and ignored.
+ *
+ * A client over the connection cap, or one that arrives when too few file
+ * descriptors are left for it and its upstream socket, is accepted and
+ * closed at once (no AMQP), counted (connections_refused, accept_errors)
+ * and logged at most once per PX_LOG_LIMIT_MS per cause.
  */
 #ifndef PX_SERVER_H
 #define PX_SERVER_H
@@ -38,6 +43,7 @@ typedef struct px_stats {
 } px_stats;
 
 #define PX_HIST_BUCKETS 13
+#define PX_LOG_LIMIT_MS 10000
 
 typedef struct px_hist {
   uint64_t buckets[PX_HIST_BUCKETS]; /* cumulative, see px_metrics.c */
@@ -62,6 +68,13 @@ typedef struct px_metrics_store {
   px_hist *processing; /* deliver -> settle, per queue label (+ other) */
 } px_metrics_store;
 
+/* A repeated warning written at most once per PX_LOG_LIMIT_MS. */
+typedef struct px_log_limit {
+  uint64_t last_ms;  /* when the last line was written */
+  uint64_t unlogged; /* events since then not written */
+  bool any;          /* a line has been written */
+} px_log_limit;
+
 typedef struct px_server {
   uv_loop_t *loop;
   const px_config *cfg;
@@ -83,6 +96,15 @@ typedef struct px_server {
   px_stats stats;
   px_metrics_store metrics;
   uint64_t started_ms;
+  /* admission: the cap on client connections (cfg->max_connections, or
+   * the file descriptor limit's share under "auto"), a descriptor kept
+   * open to test for free ones, and the rate of the warnings */
+  uint32_t max_connections;
+  uint32_t fd_reserve; /* descriptors not for clients (px_server.c) */
+  int spare_fd;
+  uv_tcp_t refuse_tcp; /* closes a refused client when malloc fails */
+  bool refuse_tcp_busy;
+  px_log_limit refused_log, accept_log;
   /* admin endpoint (px_admin.h) and the upstream probe behind /readyz */
   px_admin admin;
   bool admin_on;
