@@ -10,7 +10,6 @@ import pytest
 
 import amqp_raw as a
 import fakebroker as fb
-import rbtest
 
 # ASan's quarantine would count freed memory as resident: keep it small.
 SMALL_QUARANTINE = {"ASAN_OPTIONS": "quarantine_size_mb=4:detect_leaks=1"}
