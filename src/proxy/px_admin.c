@@ -16,12 +16,14 @@
  * HPE_PAUSED) and the request is routed at once; in ANSWERING the socket is
  * not read and the input after the request waits in `stash` until the
  * answer is written, then it is parsed first. A streamed body moves one
- * slice at a time. A write's completion (on_write) only marks the
- * connection ready; the next step (the next slice, or the end of the
- * response and the next request) is taken by on_admin_idle in the next
- * loop iteration, so between two polls for I/O a connection routes at most
- * one request or produces one slice. In FLUSHING and LINGER the socket is
- * read and the input dropped, so the close sends no reset.
+ * slice at a time. A write's completion (on_write) only queues the
+ * connection as ready; the next step (the next slice, or the end of the
+ * response and the next request) is taken by on_admin_idle in a later loop
+ * iteration, for at most STEPS_PER_ITERATION connections per iteration,
+ * oldest first. So between two polls for I/O the server takes at most that
+ * many such steps, and a connection routes at most one request or produces
+ * one slice. In FLUSHING and LINGER the socket is read and the input
+ * dropped, so the close sends no reset.
  * A producer's state is released as soon as the response ends or the
  * connection closes; the memory of a connection is freed only when both
  * its handles have closed.
@@ -42,6 +44,7 @@
 #define REQUEST_LINE_BYTES 16 /* method, spaces, version, CRLF (counted) */
 #define HEADER_DELIM_BYTES 4  /* ": " and CRLF around each header */
 #define MAX_CONTENT_TYPE 200
+#define STEPS_PER_ITERATION 4 /* slices or requests after a write, in all */
 
 typedef enum conn_state {
   CONN_READING,   /* parsing a request, or idle between two */
@@ -70,7 +73,8 @@ typedef struct px_admin_conn {
   struct px_admin_conn *prev, *next;
   conn_state state;
   int handles; /* of tcp and timer, not yet closed */
-  bool ready;  /* its write completed: on_admin_idle goes on */
+  bool ready;  /* its write completed: queued for on_admin_idle */
+  struct px_admin_conn *ready_prev, *ready_next;
   bool reading;
   bool got_eof;
   bool in_request;  /* a request has begun and is not complete */
@@ -330,10 +334,38 @@ static void conn_produce(px_admin_conn *c) {
   conn_write(c, 0, !c->more);
 }
 
+/* The ready queue: connections whose write completed, oldest first. */
+static void ready_push(px_admin *a, px_admin_conn *c) {
+  c->ready = true;
+  c->ready_next = NULL;
+  c->ready_prev = a->ready_tail;
+  if (a->ready_tail)
+    a->ready_tail->ready_next = c;
+  else
+    a->ready_head = c;
+  a->ready_tail = c;
+  uv_idle_start(&a->idle, on_admin_idle); /* no-op when active */
+}
+
+static void ready_remove(px_admin *a, px_admin_conn *c) {
+  if (!c->ready)
+    return;
+  c->ready = false;
+  if (c->ready_prev)
+    c->ready_prev->ready_next = c->ready_next;
+  else
+    a->ready_head = c->ready_next;
+  if (c->ready_next)
+    c->ready_next->ready_prev = c->ready_prev;
+  else
+    a->ready_tail = c->ready_prev;
+  c->ready_prev = c->ready_next = NULL;
+}
+
 /* A write completed: the response moves on (next slice, or the next
- * request) in the next loop iteration, from on_admin_idle. libuv runs
- * write callbacks several times between two polls; going on from here
- * would let one connection do that much work while no socket is read. */
+ * request) from on_admin_idle, in a later loop iteration. libuv runs write
+ * callbacks several times between two polls; going on from here would let
+ * a connection do that much work while no socket is read. */
 static void on_write(uv_write_t *req, int status) {
   px_admin_conn *c = req->handle->data;
   px_admin *a = c->admin;
@@ -344,26 +376,23 @@ static void on_write(uv_write_t *req, int status) {
     return;
   }
   conn_arm(c, a->limits.timeout_ms); /* the client is reading */
-  c->ready = true;
-  if (a->nready++ == 0)
-    uv_idle_start(&a->idle, on_admin_idle);
+  ready_push(a, c);
 }
 
-/* Once per loop iteration while writes have completed: one step for each
- * connection whose write did. */
+/* Once per loop iteration while writes have completed: the next step of
+ * the first STEPS_PER_ITERATION connections in the ready queue, in the
+ * order their writes completed. */
 static void on_admin_idle(uv_idle_t *idle) {
   px_admin *a = idle->data;
-  for (px_admin_conn *c = a->conns; c; c = c->next) { /* unlinked only in */
-    if (!c->ready)                                    /* close callbacks */
-      continue;
-    c->ready = false;
-    a->nready--;
+  for (int n = 0; n < STEPS_PER_ITERATION && a->ready_head; n++) {
+    px_admin_conn *c = a->ready_head;
+    ready_remove(a, c);
     if (c->more)
       conn_produce(c);
     else
       conn_answered(c);
   }
-  if (a->nready == 0)
+  if (!a->ready_head)
     uv_idle_stop(idle);
 }
 
@@ -709,10 +738,7 @@ static void conn_close(px_admin_conn *c) {
     return;
   c->state = CONN_CLOSED;
   c->reading = false;
-  if (c->ready) {
-    c->ready = false;
-    c->admin->nready--;
-  }
+  ready_remove(c->admin, c);
   resp_release(&c->resp); /* the body goes with the memory, once closed */
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_closed);

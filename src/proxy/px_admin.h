@@ -21,10 +21,12 @@
  *     parsed (and the socket read) only once the previous answer has been
  *     completely written. The unparsed input kept aside meanwhile is at most
  *     one read (16 KiB).
- *   - Work per loop iteration and connection: routing one request, or
- *     producing one slice of a streamed body (the producer is called only
- *     from a write's completion). A router that renders something big
- *     streams it.
+ *   - Work between two polls for I/O (one loop iteration): a connection
+ *     whose socket was read routes at most one request; after writes
+ *     complete, at most 4 further steps in all (a slice of a streamed body,
+ *     or the next pipelined request), in the order the writes completed.
+ *     The producer is called only for such a step. A router that renders
+ *     something big streams it.
  *   - Pending output per connection: one response, i.e. one complete body
  *     (at most PX_ADMIN_MAX_RESPONSE bytes) or one slice (about
  *     PX_ADMIN_SLICE bytes, as the producer promises), plus its headers.
@@ -162,8 +164,8 @@ typedef struct px_admin {
   struct px_admin_conn *conns; /* doubly linked, closing ones included */
   unsigned nconns;             /* entries in `conns` */
   unsigned nrefused_closing;   /* refused handles not yet closed */
-  uv_idle_t idle;              /* runs while writes have completed */
-  unsigned nready;             /* connections whose write completed */
+  uv_idle_t idle;              /* runs while `ready_head` is not empty */
+  struct px_admin_conn *ready_head, *ready_tail; /* writes completed */
   bool listener_open;
   bool idle_open;
   bool stopping;

@@ -13,10 +13,11 @@
  *   /conns -> the open admin connection count;
  *   /count -> "routed=N": requests routed before, /count and /stats not
  *   counted;
- *   /stats -> "evicted=N refused=N streams=N slices=N max_per_iteration=N":
- *   evicted and refused connections, producer states alive, slices
- *   produced, the most requests routed between two polls for I/O, i.e. in
- *   one loop iteration (/count and /stats not counted);
+ *   /stats -> "evicted=N refused=N streams=N slices=N max_per_iteration=N
+ *   max_slices_per_iteration=N": evicted and refused connections, producer
+ *   states alive, slices produced, the most requests routed and the most
+ *   slices produced between two polls for I/O, i.e. in one loop iteration
+ *   (/count and /stats not counted);
  *   /stream -> streamed: "begin\n", STREAM_SLICES slices of PX_ADMIN_SLICE
  *   bytes (slice i all 'a' + i % 26), then an empty last slice;
  *   /stream-small -> streamed: "<" then slices "1\n", "2\n", "3\n" (last);
@@ -47,6 +48,8 @@ typedef struct harness {
   uv_check_t check;      /* runs after each poll for I/O */
   uint64_t routed_now;   /* requests routed since the last poll */
   uint64_t max_per_iter; /* the most routed between two polls */
+  uint64_t slices_now;   /* slices produced since the last poll */
+  uint64_t max_slices;   /* the most produced between two polls */
 } harness;
 
 enum stream_kind { STREAM_BIG, STREAM_SMALL, STREAM_FAIL };
@@ -67,6 +70,8 @@ static bool stream_produce(void *arg, px_admin_response *r) {
   stream *st = arg;
   unsigned i = st->next++;
   st->h->slices++;
+  if (++st->h->slices_now > st->h->max_slices)
+    st->h->max_slices = st->h->slices_now;
   if (st->kind == STREAM_SMALL) {
     px_admin_printf(r, "%u\n", i + 1);
     return i + 1 < 3;
@@ -118,11 +123,12 @@ static void route(void *ctx, const char *method, const char *path,
   if (get && strcmp(path, "/stats") == 0) {
     px_admin_printf(r,
                     "evicted=%llu refused=%llu streams=%u slices=%llu "
-                    "max_per_iteration=%llu\n",
+                    "max_per_iteration=%llu max_slices_per_iteration=%llu\n",
                     (unsigned long long)h->admin.stats.conns_evicted,
                     (unsigned long long)h->admin.stats.conns_refused,
                     h->streams, (unsigned long long)h->slices,
-                    (unsigned long long)h->max_per_iter);
+                    (unsigned long long)h->max_per_iter,
+                    (unsigned long long)h->max_slices);
     return;
   }
   h->routed++;
@@ -157,6 +163,7 @@ static void route(void *ctx, const char *method, const char *path,
 static void on_check(uv_check_t *check) {
   harness *h = check->data;
   h->routed_now = 0;
+  h->slices_now = 0;
 }
 
 static void on_stopped(void *arg) {
