@@ -34,13 +34,15 @@
  *   - a request body is read and dropped up to PX_ADMIN_MAX_BODY bytes,
  *     larger -> 413, close; the router never sees a body;
  *   - malformed HTTP -> 400, close;
- *   - at most `max_conns` connections (closing ones included). When a new
- *     connection arrives at the cap, the oldest idle one (kept alive
- *     between requests: nothing of a request read, no response in flight)
- *     is closed to make room, with an info line and `conns_evicted`; only
- *     if none is idle, the new one is accepted and closed at once, with one
- *     warn line per burst of refusals. So a probe gets an answer however
- *     many keep-alive clients sit on the endpoint;
+ *   - at most `max_conns` connections (closing ones included, but for
+ *     those closed to make room, which go within the loop iteration). When
+ *     a new connection arrives at the cap, the one idle the longest (open
+ *     between requests: nothing of a request read, no response in flight;
+ *     a connection that never sent anything counts) is closed to make room,
+ *     with an info line and `conns_evicted`; only if none is idle, the new
+ *     one is accepted and closed at once, with one warn line per burst of
+ *     refusals. So a probe gets an answer however many keep-alive clients
+ *     sit on the endpoint;
  *   - a connection must complete a request, and a response in flight must
  *     make progress (one write completed), within `timeout_ms`, or it is
  *     closed; a client that stops reading is closed by it.
