@@ -147,6 +147,7 @@ def test_channel_errors_reach_the_client_and_the_connection_lives(rebound, broke
     conn.close()
     rebound.wait_conn_sockets(0)
     assert not rebound.log_lines("protocol_error")
+    assert not rebound.log_lines("upstream_protocol_error")
 
 
 def test_connection_error_from_the_broker_reaches_the_client(rebound, broker):
