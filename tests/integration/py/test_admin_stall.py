@@ -1,6 +1,6 @@
 """The admin endpoint cannot stall the proxy. With 2,000 AMQP sessions
 open, 400 pipelined GET /v1/status on one keep-alive admin connection read
-as fast as possible, or 8 pipelined on each of 32 connections read slowly,
+as fast as possible, or 12 pipelined on each of 32 connections read slowly,
 leave a bystander AMQP client's round trips short; every answer is a
 complete JSON document listing the sessions, even when some of them close
 in the middle of it.
