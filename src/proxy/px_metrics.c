@@ -290,8 +290,22 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         (double)open_fds());
   gauge(r, "rebound_uptime_seconds", "Seconds since start",
         (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
-  head(r, "rebound_admin_requests_total", "counter",
-       "Requests to the admin endpoint");
-  px_admin_printf(r, "rebound_admin_requests_total %llu\n",
-                  (unsigned long long)srv->admin.stats.requests);
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } admin[] = {
+      {"rebound_admin_requests_total", "Requests to the admin endpoint",
+       srv->admin.stats.requests},
+      {"rebound_admin_connections_refused_total",
+       "Admin connections refused at the cap (none idle to close)",
+       srv->admin.stats.conns_refused},
+      {"rebound_admin_connections_evicted_total",
+       "Idle admin keep-alive connections closed to make room at the cap",
+       srv->admin.stats.conns_evicted},
+  };
+  for (size_t i = 0; i < sizeof admin / sizeof admin[0]; i++) {
+    head(r, admin[i].name, "counter", admin[i].help);
+    px_admin_printf(r, "%s %llu\n", admin[i].name,
+                    (unsigned long long)admin[i].v);
+  }
 }
