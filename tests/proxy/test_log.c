@@ -836,6 +836,26 @@ static void test_every_capacity(void **state) {
   }
 }
 
+/* JSON has no infinity: a non-finite number must still give a JSON line. */
+static void test_json_non_finite(void **state) {
+  (void)state;
+  const double vals[] = {INFINITY, -INFINITY, NAN};
+  parsed p;
+  for (int i = 0; i < 3; i++) {
+    const char *l = one(PX_LOG_JSON, PX_F("x", vals[i]));
+    if (json_parse(l, strlen(l), &p) != 0) {
+      parsed_free(&p);
+      fail_msg("not JSON: %s", l);
+    }
+    assert_int_equal(p.n, 4);
+    parsed_free(&p);
+    l = one(PX_LOG_TEXT, PX_F("x", vals[i]));
+    assert_int_equal(logfmt_parse(l, strlen(l), &p), 0);
+    assert_int_equal(p.n, 4);
+    parsed_free(&p);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_text_exact),
@@ -846,6 +866,7 @@ int main(void) {
       cmocka_unit_test(test_every_capacity),
       cmocka_unit_test(test_batch_text),
       cmocka_unit_test(test_batch_json),
+      cmocka_unit_test(test_json_non_finite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
