@@ -1,6 +1,7 @@
 /* px_log.c - typed key/value log lines, escaped at one place (px_log.h). */
 #include "px_log.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
@@ -159,7 +160,8 @@ static void put_value(out *o, px_log_format fmt, const px_kv *kv) {
     snprintf(num, sizeof num, "%lld", (long long)kv->v.i);
     break;
   case PX_KV_F64:
-    snprintf(num, sizeof num, "%.6g", kv->v.f == kv->v.f ? kv->v.f : 0.0);
+    /* JSON has no NaN or infinity: a non-finite number is written as 0 */
+    snprintf(num, sizeof num, "%.6g", isfinite(kv->v.f) ? kv->v.f : 0.0);
     break;
   case PX_KV_BOOL:
     snprintf(num, sizeof num, "%s", kv->v.u ? "true" : "false");

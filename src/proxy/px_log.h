@@ -11,8 +11,9 @@
  *         quoted with \" \\ \n \r \t escaped and every other control byte,
  *         DEL and byte of invalid UTF-8 written as \xHH;
  *   json: {"ts":"...","level":"warn","msg":"retry_fallback","id":3,...}
- *         numbers are JSON numbers, booleans true/false, strings escaped
- *         as JSON requires, a byte of invalid UTF-8 as U+FFFD.
+ *         numbers are JSON numbers (a non-finite double as 0, in both
+ *         formats), booleans true/false, strings escaped as JSON requires,
+ *         a byte of invalid UTF-8 as U+FFFD.
  *
  * A string value is cut after PX_LOG_VALUE_MAX bytes of input (marked with
  * a trailing "..." inside the value). Event names and keys are fixed
