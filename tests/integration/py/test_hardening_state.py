@@ -4,6 +4,7 @@ and a second connection.tune-ok. Each must stay bounded and correct."""
 import http.client
 import re
 import struct
+import time
 
 import pytest
 
@@ -51,12 +52,12 @@ def expect_channel_close(c, ch, timeout=10):
     return struct.unpack(">H", f.payload[4:6])[0]
 
 
-def round_trip(c, ch, queue):
+def round_trip(c, ch, queue, timeout=10):
     """queue.declare (passive) on `ch`; returns when its answer arrived,
     i.e. once rebound has processed every byte sent before it."""
     c.send(a.method(ch, (50, 10), struct.pack(">H", 0) + a.shortstr(queue)
                     + fb.bits(True) + a.table({})))
-    f = c.recv_method((50, 11), timeout=60)
+    f = c.recv_method((50, 11), timeout=max(0.001, timeout))
     assert f.channel == ch
 
 
@@ -135,6 +136,7 @@ def test_bogus_consumers_do_not_take_metric_labels(rebound_factory, broker,
 # ---- 4. nothing is recorded on a channel the broker closed ------------------
 
 FLOOD = 200000
+FLOOD_DEADLINE = 60  # seconds for the flood to get through (takes ~4 s)
 GROWTH_BOUND_MIB = 40
 
 
@@ -157,6 +159,7 @@ def test_no_records_on_a_closed_channel(rebound_factory, broker, qname):
         rss0 = rb.rss_kib()
         long_name = "q" * 200
         chunk, sent = [], 0
+        deadline = time.monotonic() + FLOOD_DEADLINE
         try:
             for i in range(FLOOD):
                 chunk.append(fb.basic_consume(1, long_name, "t%07d" % i,
@@ -164,14 +167,17 @@ def test_no_records_on_a_closed_channel(rebound_factory, broker, qname):
                 chunk.append(fb.basic_get(1, long_name))
                 if len(chunk) >= 2000 or i == FLOOD - 1:
                     data = b"".join(chunk)
+                    c.sock.settimeout(max(0.001, deadline - time.monotonic()))
                     c.send(data)
                     sent += len(data)
                     chunk = []
-            round_trip(c, 2, qname)  # every flood frame went through rebound
+            # every flood frame went through rebound once this is answered
+            round_trip(c, 2, qname, timeout=deadline - time.monotonic())
         except (TimeoutError, OSError) as e:
             raise AssertionError(
-                "rebound stalled on the flood (%r) after %.0f MiB sent, RSS "
-                "+%.0f MiB" % (e, sent / 2 ** 20, (rb.rss_kib() - rss0) / 1024))
+                "rebound stalled on the flood (%r): %.0f MiB sent in %ds, RSS "
+                "+%.0f MiB" % (e, sent / 2 ** 20, FLOOD_DEADLINE,
+                               (rb.rss_kib() - rss0) / 1024))
         grown_mib = (rb.rss_kib() - rss0) / 1024
         print("closed-channel flood: RSS +%.1f MiB" % grown_mib)
         assert grown_mib < GROWTH_BOUND_MIB, \
