@@ -146,7 +146,7 @@ def test_backlog_acked_oldest_first_without_qos(rebound_factory, broker, ctl,
 
         t0 = time.monotonic()
         ch.basic_consume(qname, on_message)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + DEADLINE
         while acked[0] < BACKLOG and time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.2)
         took = time.monotonic() - t0
