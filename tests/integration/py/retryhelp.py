@@ -151,7 +151,10 @@ def queues(ctl):
     out = {}
     for r in ctl._rows("list_queues", "name", "messages_ready",
                        "messages_unacknowledged", "consumers"):
-        out[r[0]] = (int(r[1]), int(r[2]), int(r[3]))
+        try:
+            out[r[0]] = (int(r[1]), int(r[2]), int(r[3]))
+        except ValueError:  # a name that broke the row: not ours
+            continue
     return out
 
 
