@@ -141,7 +141,7 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     px_debug("own_channel_ready", PX_U("id", s->id),
              PX_U("channel", s->own_ch));
     release_own_waiters(s);
-    if (s->yield_requested && s->nops == 0)
+    if (s->yield_requested && s->ops.n == 0)
       own_yield_now(s);
     break;
   case AMQP_BASIC_ACK:
@@ -267,7 +267,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   c->open_held = true;
   s->nchans++;
   s->yield_waiter = ch;
-  if (s->own_state == PX_OWN_READY && s->nops == 0)
+  if (s->own_state == PX_OWN_READY && s->ops.n == 0)
     own_yield_now(s);
   else if (s->own_state != PX_OWN_CLOSING)
     s->yield_requested = true;
@@ -360,9 +360,9 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     break;
   }
   case AMQP_CONNECTION_CLOSE:
-    if (s->nops > 0) { /* the acks of the copies in flight go first */
+    if (s->ops.n > 0) { /* the acks of the copies in flight go first */
       px_info("client_close_waits", PX_U("id", s->id), PX_S("peer", s->peer),
-              PX_U("pending", s->nops));
+              PX_U("pending", s->ops.n));
       return PX_HOLD_CONN;
     }
     px__set_state(s, PX_S_CLOSING);
@@ -421,7 +421,7 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
   if (id != AMQP_CONNECTION_CLOSE_OK && id != AMQP_CONNECTION_CLOSE)
     return PX_DROP;
   if (s->draining && s->upstream.connected) {
-    if (s->nops > 0) /* copies in flight: their acks first */
+    if (s->ops.n > 0) /* copies in flight: their acks first */
       s->close_upstream_idle = true;
     else
       close_upstream(s, "rebound shutting down");

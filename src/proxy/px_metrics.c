@@ -268,7 +268,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   unsigned upstream = 0, pending = 0;
   for (px_session *s = srv->sessions; s; s = s->next) {
     upstream += s->upstream.connected;
-    pending += s->nops;
+    pending += s->ops.n;
   }
   r->content_type = "text/plain; version=0.0.4; charset=utf-8";
 #define PX__SCALAR(field, name, type, help)                                    \

@@ -72,14 +72,20 @@ static void list_free(char ***list, uint32_t *n) {
   *n = 0;
 }
 
+/* Copies in flight at most per connection (each holds a delivery of a
+ * channel, so the channels' bounds come first). */
+#define PX_OPS_MAX (1u << 24)
+
 static px_retry_op *op_at(const px_session *s, uint32_t i) {
-  return &s->ops[(s->ops_head + i) & (s->cap_ops - 1)];
+  return px_ring_at(&s->ops, sizeof(px_retry_op), i);
+}
+
+static uint64_t op_seq(const void *op) {
+  return ((const px_retry_op *)op)->seq;
 }
 
 void px__retry_free(px_session *s) {
-  free(s->ops);
-  s->ops = NULL;
-  s->nops = s->cap_ops = s->ops_head = 0;
+  px_ring_free(&s->ops);
   list_free(&s->declared, &s->ndeclared);
   list_free(&s->broken, &s->nbroken);
 }
@@ -140,12 +146,14 @@ enum {
   H_FIRST = 1 << 4,
   H_LAST = 1 << 5,
   H_REASON = 1 << 6,
+  H_STRIP = 1 << 7, /* the broker's x-death history left out */
 };
 #define COPY_TIER                                                              \
   (H_COUNT | H_SOURCE | H_EXCHANGE | H_ROUTING_KEY | H_FIRST | H_LAST)
 #define COPY_DEAD_LETTER (COPY_TIER | H_REASON)
 #define COPY_MINIMAL (H_SOURCE | H_REASON) /* frame-max: what still fits */
 #define COPY_BARE 0                        /* the original header as it is */
+#define COPY_STRIPPED (H_STRIP | H_SOURCE | H_REASON)
 
 /* publish_copy(): the copy's content header would exceed frame-max. */
 #define COPY_TOO_LARGE 1
@@ -200,22 +208,65 @@ static int copy_headers(px_session *s, const px_delivery *d,
   return 0;
 }
 
+/* Room a tier copy leaves for what the broker adds when the tier
+ * dead-letters it back: an x-death entry naming the tier twice, and the
+ * x-first-death-* headers the first time. */
+static size_t xdeath_room(const retry_plan *plan) {
+  return plan->action == RETRY_REPUBLISH ? 256 + 3 * plan->target_len : 0;
+}
+
+/* The broker's dead-lettering history headers. */
+static bool is_death_header(amqp_bytes key) {
+  static const char *const prefixes[] = {"x-death", "x-first-death-",
+                                         "x-last-death-"};
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+    size_t n = strlen(prefixes[i]);
+    if (key.len >= n && memcmp(key.ptr, prefixes[i], n) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* `src` without the broker's dead-lettering history, into `out`. */
+static int strip_death_headers(amqp_bytes src, uint8_t *out, size_t cap,
+                               size_t *len) {
+  amqp_writer w = amqp_writer_make(out, cap);
+  amqp_table_iter it;
+  amqp_bytes key;
+  amqp_field v;
+  int rc;
+  amqp_table_iter_init(&it, src);
+  while ((rc = amqp_table_next(&it, &key, &v)) > 0)
+    if (!is_death_header(key))
+      amqp_table_write_entry(&w, key, &v);
+  *len = w.len;
+  return rc == 0 && !w.failed ? 0 : -1;
+}
+
 /* Encode the copy's content header into `frame` (cap bytes): `h` with
- * rebound's headers of `mask`. Returns its length, -1 on failure, or
- * -COPY_TOO_LARGE when its frame would exceed frame-max. */
+ * rebound's headers of `mask` (H_STRIP: without the broker's x-death
+ * history). Returns its length, -1 on failure, or -COPY_TOO_LARGE when its
+ * frame, with the x-death room of a tier copy, would exceed frame-max (the
+ * client would then get a frame larger than it negotiated). */
 static long encode_copy_header(px_session *s, const px_delivery *d,
                                amqp_content_header h, const retry_plan *plan,
                                unsigned mask, const char *reason,
                                uint8_t *frame, size_t cap) {
   size_t tcap = 2 * (h.props.headers.len + 2048), tlen = 0;
-  uint8_t *tbl = NULL;
+  amqp_bytes src = (h.props.flags & AMQP_P_HEADERS) ? h.props.headers
+                                                    : (amqp_bytes){NULL, 0};
+  uint8_t *tbl = NULL, *stripped = NULL;
   long rc = -1;
+  if (mask & H_STRIP) {
+    size_t n;
+    if (!(stripped = malloc(src.len + 1)) ||
+        strip_death_headers(src, stripped, src.len + 1, &n) != 0)
+      goto out;
+    src = (amqp_bytes){stripped, n};
+  }
   if (mask) {
     if (!(tbl = malloc(tcap)) ||
-        copy_headers(s, d, plan, mask, reason,
-                     (h.props.flags & AMQP_P_HEADERS) ? h.props.headers
-                                                      : (amqp_bytes){NULL, 0},
-                     tbl, tcap, &tlen) != 0)
+        copy_headers(s, d, plan, mask, reason, src, tbl, tcap, &tlen) != 0)
       goto out;
     h.props.headers = (amqp_bytes){tbl, tlen};
     h.props.flags |= AMQP_P_HEADERS;
@@ -223,10 +274,14 @@ static long encode_copy_header(px_session *s, const px_delivery *d,
   amqp_writer w = amqp_writer_make(frame, cap);
   if (amqp_content_header_encode(&h, &w) != AMQP_OK)
     goto out;
-  rc = w.len + AMQP_FRAME_OVERHEAD > s->frame_max ? -COPY_TOO_LARGE
-                                                  : (long)w.len;
+  size_t room = xdeath_room(plan);
+  rc = w.len + AMQP_FRAME_OVERHEAD > s->frame_max ||
+               room > s->frame_max - AMQP_FRAME_OVERHEAD - w.len
+           ? -COPY_TOO_LARGE
+           : (long)w.len;
 out:
   free(tbl);
+  free(stripped);
   return rc;
 }
 
@@ -268,7 +323,7 @@ static int publish_copy(px_session *s, px_delivery *d,
 
 static void arm_deadline(px_session *s) {
   uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
-  if (s->nops == 0) {
+  if (s->ops.n == 0) {
     uv_timer_stop(&s->retry_timer);
     return;
   }
@@ -280,19 +335,9 @@ static void arm_deadline(px_session *s) {
 
 static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
                    const retry_plan *plan, bool is_reject, const char *reason) {
-  if (s->nops == s->cap_ops) {
-    uint32_t cap = s->cap_ops ? s->cap_ops * 2 : 16;
-    px_retry_op *ops = malloc((size_t)cap * sizeof *ops);
-    if (!ops)
-      return -1;
-    for (uint32_t i = 0; i < s->nops; i++)
-      ops[i] = *op_at(s, i);
-    free(s->ops);
-    s->ops = ops;
-    s->cap_ops = cap;
-    s->ops_head = 0;
-  }
-  px_retry_op *op = op_at(s, s->nops++);
+  if (px_ring_reserve(&s->ops, sizeof(px_retry_op), PX_OPS_MAX) != 0)
+    return -1;
+  px_retry_op *op = px_ring_push(&s->ops, sizeof(px_retry_op));
   op->seq = ++s->own_seq;
   op->tag = d->tag;
   op->started_us = now_us();
@@ -306,16 +351,16 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
     op->tier[0] = '\0';
-  if (s->nops == 1)
+  if (s->ops.n == 1)
     arm_deadline(s);
   return 0;
 }
 
 /* Forget the newest op: its copy was never sent. */
 static void pop_newest_op(px_session *s) {
-  s->nops--;
+  s->ops.n--;
   s->own_seq--;
-  if (s->nops == 0)
+  if (s->ops.n == 0)
     uv_timer_stop(&s->retry_timer);
 }
 
@@ -352,11 +397,14 @@ static int start_copy(px_session *s, px_chan *c, px_delivery *d,
 }
 
 /* The delivery's copy cannot fit frame-max with the headers a tier needs:
- * dead-letter it, with as many of rebound's headers as still fit. */
+ * dead-letter it, with as many of rebound's headers as still fit, and if
+ * even the original does not (the broker's x-death grew it past the
+ * client's frame-max), without the broker's x-death history. */
 static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
                                 const retry_rule *rule,
                                 const amqp_content_header *h, bool is_reject) {
-  static const int masks[] = {COPY_MINIMAL, COPY_BARE, -1};
+  static const int masks[] = {COPY_MINIMAL, COPY_BARE, COPY_STRIPPED, H_STRIP,
+                              -1};
   const char *q = px_dl_queue(d);
   retry_plan plan = {.action = RETRY_DEAD_LETTER};
   int n =
@@ -407,6 +455,8 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
+  if (rc == COPY_TOO_LARGE) /* its own headers exceed this frame-max */
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "no copy fits frame-max", NULL);
   if (rc != 0)
     return false;
   d->state = PX_DL_RETRYING;
@@ -542,36 +592,27 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
     return;
   px_retry_op one, *done = n == 1 ? &one : malloc((size_t)n * sizeof *done);
   if (!done) { /* out of memory: one at a time, each copied on the stack */
-    for (uint32_t i = 0; i < n && s->nops; i++)
+    for (uint32_t i = 0; i < n && s->ops.n; i++)
       finish_prefix(s, 1, ok, why);
     return;
   }
   /* copy first: finishing may release held frames that start new ops */
   for (uint32_t i = 0; i < n; i++)
     done[i] = *op_at(s, i);
-  s->ops_head = (s->ops_head + n) & (s->cap_ops - 1);
-  s->nops -= n;
+  px_ring_drop(&s->ops, n);
   arm_deadline(s);
   for (uint32_t i = 0; i < n; i++)
     finish(s, &done[i], ok && !done[i].returned,
            done[i].returned ? "returned by the broker (unroutable)" : why);
   if (done != &one)
     free(done);
-  if (s->nops == 0)
+  if (s->ops.n == 0)
     px__retry_idle(s);
 }
 
-/* Index of the first op whose seq is >= `seq` (nops when none). */
+/* Index of the first op whose seq is >= `seq` (ops.n when none). */
 static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
-  uint32_t lo = 0, hi = s->nops;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (op_at(s, mid)->seq < seq)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
+  return px_ring_lower_bound(&s->ops, sizeof(px_retry_op), seq, op_seq);
 }
 
 void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
@@ -580,7 +621,7 @@ void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
     return;
   }
   uint32_t i = op_lower_bound(s, seq);
-  if (i == s->nops || op_at(s, i)->seq != seq)
+  if (i == s->ops.n || op_at(s, i)->seq != seq)
     return; /* already fallen back (confirm timeout) */
   /* bring it to the front, keeping the others in order */
   px_retry_op op = *op_at(s, i);
@@ -595,7 +636,7 @@ void px__retry_deadline(uv_timer_t *timer) {
   uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
   uint64_t now = now_us();
   uint32_t n = 0;
-  while (n < s->nops && now - op_at(s, n)->started_us >= limit)
+  while (n < s->ops.n && now - op_at(s, n)->started_us >= limit)
     n++;
   if (n)
     px_warn("retry_confirm_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -606,7 +647,7 @@ void px__retry_deadline(uv_timer_t *timer) {
 }
 
 void px__retry_returned(px_session *s, amqp_bytes routing_key) {
-  for (uint32_t i = 0; i < s->nops; i++) {
+  for (uint32_t i = 0; i < s->ops.n; i++) {
     px_retry_op *op = op_at(s, i);
     if (!op->returned && amqp_bytes_eq(routing_key, amqp_cstr(op->target))) {
       op->returned = true;
@@ -648,6 +689,6 @@ void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
     }
   }
   list_free(&s->declared, &s->ndeclared);
-  finish_prefix(s, s->nops, false, "rebound's channel was closed");
+  finish_prefix(s, s->ops.n, false, "rebound's channel was closed");
   s->own_seq = 0;
 }

@@ -36,6 +36,8 @@
 #define PX_MIN_READ 2048
 /* Frame size accepted before connection.tune-ok fixes frame-max. */
 #define PX_PRETUNE_FRAME_MAX 131072
+/* Frames from the broker are accepted up to this (see frame_limit()). */
+#define PX_UPSTREAM_FRAME_MAX (4u * 1024 * 1024)
 /* How long to wait for close-ok (or a flush, or a lingering peer's EOF)
  * before closing anyway. */
 #define PX_CLOSE_WAIT_MS 2000
@@ -568,8 +570,16 @@ static int check_client_header(px_session *s, px_chunk *c) {
   return 1;
 }
 
-static uint32_t frame_limit(const px_session *s) {
-  return s->frame_max ? s->frame_max : PX_PRETUNE_FRAME_MAX;
+/* The largest frame read from `side`. A client is held to the frame-max it
+ * negotiated. The broker is not: RabbitMQ itself sends content headers over
+ * frame-max once dead-lettering has added x-death, and clients accept them,
+ * so rebound passes them too, up to the 4 MiB it ever accepts. */
+static uint32_t frame_limit(const px_session *s, const px_side *side) {
+  if (!s->frame_max)
+    return PX_PRETUNE_FRAME_MAX;
+  return side == &s->upstream && s->frame_max < PX_UPSTREAM_FRAME_MAX
+             ? PX_UPSTREAM_FRAME_MAX
+             : s->frame_max;
 }
 
 /* A frame that does not parse: the stream is out of step. */
@@ -608,8 +618,8 @@ static void process_input(px_session *s, px_side *from) {
   s->run.start = s->run.end = c->off;
   while (s->state != PX_S_CLOSED) {
     amqp_frame f;
-    long n =
-        amqp_frame_parse(c->data + c->off, c->len - c->off, frame_limit(s), &f);
+    long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
+                              frame_limit(s, from), &f);
     if (n == AMQP_PARTIAL)
       break;
     if (n < 0) {
@@ -676,7 +686,7 @@ static void settle_chunk(px_side *side) {
   if (c->len - c->off >= AMQP_FRAME_HEADER_SIZE) {
     amqp_reader r = amqp_reader_make(c->data + c->off + 3, 4);
     size_t size = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
-    if (size > frame_limit(side->s))
+    if (size > frame_limit(side->s, side))
       return; /* cannot be: the parser refuses it (frame-max bounds it) */
     if (size > c->cap - c->off && !side_relocate(side, size))
       px_session_close(side->s, "out of memory");
@@ -696,12 +706,12 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
-  if (side == &s->client && s->nops > 0 && s->upstream.connected &&
+  if (side == &s->client && s->ops.n > 0 && s->upstream.connected &&
       !s->client_gone) {
     /* finish the copies in flight (publish, confirm, ack) first */
     s->client_gone = true;
     px_info("client_gone_retries_pending", PX_U("id", s->id),
-            PX_S("peer", s->peer), PX_U("pending", s->nops),
+            PX_S("peer", s->peer), PX_U("pending", s->ops.n),
             PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
     s->close_reason = "client disconnected (retries pending timed out)";
     uv_timer_stop(&s->timer);

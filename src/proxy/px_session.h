@@ -20,6 +20,7 @@
 
 #include "px_buf.h"
 #include "px_chan.h"
+#include "px_ring.h"
 
 struct px_server;
 
@@ -109,9 +110,8 @@ typedef struct px_session {
   bool draining;      /* ... because rebound is shutting down */
 
   /* retry path (px_retry.c) */
-  struct px_retry_op *ops; /* copies awaiting the broker's confirm: a ring
-                              of cap_ops (a power of two) from ops_head */
-  uint32_t ops_head, nops, cap_ops;
+  px_ring ops;      /* px_retry_op: copies awaiting the broker's confirm,
+                       in publish order */
   uint64_t own_seq; /* publish sequence on rebound's channel */
   char **declared;  /* tier/DLQ queues declared on this connection */
   uint32_t ndeclared;

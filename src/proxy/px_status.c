@@ -110,10 +110,10 @@ static void status_session(status_stream *st, const px_session *s,
                   px_state_name(s->state), (unsigned)s->nchans,
                   (unsigned long long)s->client.bytes_in,
                   (unsigned long long)s->client.bytes_out,
-                  (double)(st->now - s->started_ms) / 1000.0, (unsigned)s->nops,
-                  (unsigned long long)s->cache_bytes);
+                  (double)(st->now - s->started_ms) / 1000.0,
+                  (unsigned)s->ops.n, (unsigned long long)s->cache_bytes);
   st->listed++;
-  st->pending += s->nops;
+  st->pending += s->ops.n;
   st->before = s->id;
 }
 

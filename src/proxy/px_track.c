@@ -75,7 +75,7 @@ static void uncache(px_session *s, px_delivery *d, const char *why) {
 
 /* Index of the first entry whose tag is >= `tag` (n when none). */
 static uint32_t dl_lower_bound(const px_track *t, uint64_t tag) {
-  uint32_t lo = 0, hi = t->dl.n;
+  uint32_t lo = 0, hi = t->dl.r.n;
   while (lo < hi) {
     uint32_t mid = lo + (hi - lo) / 2;
     if (px_dl_at(t, mid)->tag < tag)
@@ -89,14 +89,14 @@ static uint32_t dl_lower_bound(const px_track *t, uint64_t tag) {
 px_delivery *px__track_find(px_chan *c, uint64_t tag) {
   const px_track *t = &c->track;
   uint32_t i = dl_lower_bound(t, tag);
-  if (i == t->dl.n)
+  if (i == t->dl.r.n)
     return NULL;
   px_delivery *d = px_dl_at(t, i);
   return d->tag == tag && d->state != PX_DL_GONE ? d : NULL;
 }
 
 uint32_t px__track_upto(const px_chan *c, uint64_t tag) {
-  return tag == 0 ? c->track.dl.n : dl_lower_bound(&c->track, tag + 1);
+  return tag == 0 ? c->track.dl.r.n : dl_lower_bound(&c->track, tag + 1);
 }
 
 uint32_t px__track_index(const px_chan *c, uint64_t tag) {
@@ -106,7 +106,7 @@ uint32_t px__track_index(const px_chan *c, uint64_t tag) {
 /* Squeeze the holes out, keeping the order. */
 static void dl_compact(px_track *t) {
   uint32_t j = 0;
-  for (uint32_t i = 0; i < t->dl.n; i++) {
+  for (uint32_t i = 0; i < t->dl.r.n; i++) {
     px_delivery *d = px_dl_at(t, i);
     if (d->state != PX_DL_GONE) {
       if (i != j)
@@ -114,22 +114,21 @@ static void dl_compact(px_track *t) {
       j++;
     }
   }
-  t->dl.n = j;
+  t->dl.r.n = j;
   t->dl.ngone = 0;
 }
 
 void px__track_tidy(px_chan *c) {
   px_track *t = &c->track;
-  while (t->dl.n && px_dl_at(t, 0)->state == PX_DL_GONE) {
-    t->dl.head = (t->dl.head + 1) & (t->dl.cap - 1);
-    t->dl.n--;
+  while (t->dl.r.n && px_dl_at(t, 0)->state == PX_DL_GONE) {
+    px_ring_drop(&t->dl.r, 1);
     t->dl.ngone--;
   }
-  while (t->dl.n && px_dl_at(t, t->dl.n - 1)->state == PX_DL_GONE) {
-    t->dl.n--;
+  while (t->dl.r.n && px_dl_at(t, t->dl.r.n - 1)->state == PX_DL_GONE) {
+    t->dl.r.n--;
     t->dl.ngone--;
   }
-  if (t->dl.ngone > 16 && t->dl.ngone > t->dl.n / 2)
+  if (t->dl.ngone > 16 && t->dl.ngone > t->dl.r.n / 2)
     dl_compact(t);
 }
 
@@ -171,11 +170,11 @@ void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
 
 void px__track_clear(px_session *s, px_chan *c) {
   px_track *t = &c->track;
-  for (uint32_t i = 0; i < t->dl.n; i++)
+  for (uint32_t i = 0; i < t->dl.r.n; i++)
     if (px_dl_at(t, i)->state != PX_DL_GONE)
       px__track_release(s, px_dl_at(t, i));
-  free(t->dl.ring);
-  memset(&t->dl, 0, sizeof t->dl);
+  px_ring_free(&t->dl.r);
+  t->dl.ngone = 0;
   t->capture = 0;
   t->lost = false;
 }
@@ -183,24 +182,9 @@ void px__track_clear(px_session *s, px_chan *c) {
 /* Room for one more entry at the tail; false when the ring is at its
  * bound (or out of memory). */
 static bool dl_make_room(px_track *t) {
-  if (t->dl.n < t->dl.cap)
-    return true;
-  if (t->dl.ngone)
+  if (t->dl.r.n == t->dl.r.cap && t->dl.ngone)
     dl_compact(t);
-  if (t->dl.n < t->dl.cap)
-    return true;
-  uint32_t cap = t->dl.cap ? t->dl.cap * 2 : 16;
-  px_delivery *ring =
-      cap <= PX_TRACK_MAX ? malloc((size_t)cap * sizeof *ring) : NULL;
-  if (!ring)
-    return false;
-  for (uint32_t i = 0; i < t->dl.n; i++)
-    ring[i] = *px_dl_at(t, i);
-  free(t->dl.ring);
-  t->dl.ring = ring;
-  t->dl.cap = cap;
-  t->dl.head = 0;
-  return true;
+  return px_ring_reserve(&t->dl.r, sizeof(px_delivery), PX_TRACK_MAX) == 0;
 }
 
 /* Copy the names a copy's headers need: queue NUL exchange NUL key NUL. */
@@ -227,11 +211,12 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
                          const retry_rule *rule, const char *queue,
                          amqp_bytes exchange, amqp_bytes routing_key) {
   px_track *t = &c->track;
-  if ((t->dl.n && px_dl_at(t, t->dl.n - 1)->tag >= tag) || !dl_make_room(t)) {
+  if ((t->dl.r.n && px_dl_at(t, t->dl.r.n - 1)->tag >= tag) ||
+      !dl_make_room(t)) {
     t->lost = true; /* tags must grow, and the ring has a bound */
     return;
   }
-  px_delivery *d = px_dl_at(t, t->dl.n++);
+  px_delivery *d = px_ring_push(&t->dl.r, sizeof(px_delivery));
   memset(d, 0, sizeof *d);
   d->tag = tag;
   d->state = PX_DL_UNCACHED;
@@ -248,9 +233,9 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
 /* Header and body frames of the delivery being captured (the newest). */
 void px__track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   px_track *t = &c->track;
-  if (!t->capture || !t->dl.n)
+  if (!t->capture || !t->dl.r.n)
     return;
-  px_delivery *d = px_dl_at(t, t->dl.n - 1);
+  px_delivery *d = px_dl_at(t, t->dl.r.n - 1);
   if (d->tag != t->capture || d->state != PX_DL_CAPTURE) {
     t->capture = 0;
     return;
@@ -340,36 +325,18 @@ static void remove_consumer(px_chan *c, amqp_bytes tag) {
   *k = c->track.consumers[--c->track.nconsumers];
 }
 
-static px_request *req_at(const px_reqq *q, uint32_t i) {
-  return &q->ring[(q->head + i) & (q->cap - 1)];
-}
-
-/* Room for one more request; false at the bound or out of memory. */
-static bool req_make_room(px_reqq *q) {
-  if (q->n < q->cap)
-    return true;
-  uint32_t cap = q->cap ? q->cap * 2 : 8;
-  px_request *ring =
-      cap <= PX_TRACK_MAX ? malloc((size_t)cap * sizeof *ring) : NULL;
-  if (!ring)
-    return false;
-  for (uint32_t i = 0; i < q->n; i++)
-    ring[i] = *req_at(q, i);
-  free(q->ring);
-  q->ring = ring;
-  q->cap = cap;
-  q->head = 0;
-  return true;
+static px_request *req_at(const px_ring *q, uint32_t i) {
+  return px_ring_at(q, sizeof(px_request), i);
 }
 
 static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
                          amqp_bytes tag) {
   px_track *t = &c->track;
-  if (!req_make_room(&t->requests)) {
+  if (px_ring_reserve(&t->requests, sizeof(px_request), PX_TRACK_MAX) != 0) {
     t->lost = true;
     return;
   }
-  px_request *r = req_at(&t->requests, t->requests.n++);
+  px_request *r = px_ring_push(&t->requests, sizeof(px_request));
   r->is_get = is_get;
   r->no_ack = no_ack;
   r->queue = dup_bytes(queue);
@@ -378,12 +345,11 @@ static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
 
 /* The oldest request, removed; the caller frees its strings. */
 static bool pop_request(px_chan *c, px_request *out) {
-  px_reqq *q = &c->track.requests;
+  px_ring *q = &c->track.requests;
   if (q->n == 0)
     return false;
   *out = *req_at(q, 0);
-  q->head = (q->head + 1) & (q->cap - 1);
-  q->n--;
+  px_ring_drop(q, 1);
   return true;
 }
 
@@ -520,7 +486,7 @@ void px__track_free(px_session *s, px_chan *c) {
   free(c->track.consumers);
   for (uint32_t i = 0; i < c->track.requests.n; i++)
     request_free(req_at(&c->track.requests, i));
-  free(c->track.requests.ring);
+  px_ring_free(&c->track.requests);
   free(c->track.pub_us);
   memset(&c->track, 0, sizeof c->track);
 }

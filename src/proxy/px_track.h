@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "amqp.h"
+#include "px_ring.h"
 #include "retry_plan.h"
 
 typedef struct px_consumer {
@@ -64,27 +65,20 @@ typedef struct px_delivery {
   uint64_t bytes; /* counted against the cache bounds */
 } px_delivery;
 
-/* Unsettled deliveries of a channel, oldest first, in a ring of `cap`
- * (a power of two) entries. Tags grow, so the ring is sorted by tag and
- * found by binary search; settling the oldest pops it, settling one in the
- * middle leaves a PX_DL_GONE hole that is popped when it reaches an end,
- * and holes are squeezed out once they are half the ring. Every operation
- * is O(log n) or amortised O(1). */
+/* Unsettled deliveries of a channel, oldest first (px_ring.h). Tags grow,
+ * so the ring is sorted by tag and found by binary search; settling the
+ * oldest pops it, settling one in the middle leaves a PX_DL_GONE hole that
+ * is popped when it reaches an end, and holes are squeezed out once they
+ * are half the ring. Every operation is O(log n) or amortised O(1). */
 typedef struct px_dlq {
-  px_delivery *ring;
-  uint32_t head, n, cap, ngone;
+  px_ring r; /* px_delivery */
+  uint32_t ngone;
 } px_dlq;
-
-/* basic.consume / basic.get requests in flight, oldest first (a ring). */
-typedef struct px_reqq {
-  px_request *ring;
-  uint32_t head, n, cap;
-} px_reqq;
 
 typedef struct px_track {
   px_consumer *consumers;
   uint32_t nconsumers;
-  px_reqq requests;
+  px_ring requests; /* px_request: basic.consume/get in flight, in order */
   px_dlq dl;
   uint64_t capture; /* tag of the newest delivery, whose content is
                        arriving and being kept; 0: none */
@@ -97,10 +91,10 @@ typedef struct px_track {
   uint64_t pub_seq; /* sequence number of the oldest in the ring */
 } px_track;
 
-/* The i-th oldest entry of the unsettled deliveries (i < dl.n), holes
+/* The i-th oldest entry of the unsettled deliveries (i < dl.r.n), holes
  * included. */
 static inline px_delivery *px_dl_at(const px_track *t, uint32_t i) {
-  return &t->dl.ring[(t->dl.head + i) & (t->dl.cap - 1)];
+  return px_ring_at(&t->dl.r, sizeof(px_delivery), i);
 }
 
 static inline const char *px_dl_queue(const px_delivery *d) {

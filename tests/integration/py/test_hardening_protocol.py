@@ -142,9 +142,11 @@ def test_heartbeat_on_a_channel(rebound_factory, broker):
 # ---- 8. a retry copy larger than frame-max ----------------------------------
 
 FRAME_MAX = 4096
-# fits 4096; with rebound's ~250 bytes of headers for a tier it does not,
-# with the dead-letter reason alone it does
-HEADER_FRAME = 3950
+# 3950: fits 4096; with rebound's ~250 bytes of headers for a tier it does
+# not, with the dead-letter reason alone it does. 3850: the tier copy
+# itself fits, but not once the tier dead-letters it back and the broker
+# adds x-death (the client would get a frame over its frame-max).
+HEADER_FRAMES = (3950, 3850)
 
 
 def header_frame_len(props):
@@ -153,12 +155,12 @@ def header_frame_len(props):
     return 7 + 12 + sum(len(x) for x in props.encode()) + 1
 
 
-def big_header_props():
-    """Properties whose content-header frame is HEADER_FRAME bytes."""
+def big_header_props(size):
+    """Properties whose content-header frame is `size` bytes."""
     props = pika.BasicProperties(headers={"app": "orders", "pad": ""})
-    pad = HEADER_FRAME - header_frame_len(props)
+    pad = size - header_frame_len(props)
     props.headers["pad"] = "p" * pad
-    assert header_frame_len(props) == HEADER_FRAME
+    assert header_frame_len(props) == size
     return props
 
 
@@ -172,15 +174,18 @@ def admin_get(port, path):
     return body
 
 
-def test_retry_copy_larger_than_frame_max(rebound_factory, broker, direct):
-    """frame-max 4096 and a message whose content header is ~3,950 bytes:
-    rebound's copy with its headers would not fit, so the message is
-    dead-lettered with reason frame-max; the consumer's connection stays
-    open and the original is acked."""
+@pytest.mark.parametrize("size", HEADER_FRAMES)
+def test_retry_copy_larger_than_frame_max(rebound_factory, broker, direct,
+                                          size):
+    """frame-max 4096 and a message whose content header is close to it:
+    rebound's copy with its headers (and, for a tier, the x-death the broker
+    adds on the way back) would not fit, so the message is dead-lettered
+    with reason frame-max; the consumer's connection stays open and the
+    original is acked."""
     q = direct.own(rbtest.uniq("framemax"))
     direct.own(q + ".dlq")
     direct.channel().queue_declare(q, durable=True)
-    props = big_header_props()
+    props = big_header_props(size)
     direct.publish(q, b"the body", props)
     admin = rbtest.free_port()
     rb = rebound_factory("--retry-tiers", "200ms", "--admin",
@@ -228,3 +233,87 @@ def test_retry_copy_larger_than_frame_max(rebound_factory, broker, direct):
     line = 'rebound_dead_lettered_total{queue="%s",reason="frame-max"} 1' % q
     assert line in metrics.splitlines(), \
         [l for l in metrics.splitlines() if "dead_lettered" in l]
+
+
+def test_broker_frames_over_frame_max_pass(rebound_factory, broker, direct):
+    """The broker itself sends a content header over the client's frame-max
+    once dead-lettering added x-death (a queue of the client's own with a
+    TTL and a dead-letter target, no retry policy involved): clients accept
+    it, so rebound passes it on instead of closing the connection."""
+    src = direct.own(rbtest.uniq("xdeath-src"))
+    dst = direct.own(rbtest.uniq("xdeath-dst"))
+    direct.channel().queue_declare(dst, durable=True)
+    direct.channel().queue_declare(src, durable=True, arguments={
+        "x-message-ttl": 1, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dst})
+    props = big_header_props(3950)
+    direct.publish(src, b"grown", props)
+    rbtest.wait_until(lambda: counts(direct, dst) == (1, 0), 10,
+                      "the message dead-lettered into %s" % dst)
+    rb = rebound_factory("--retry-queues", "policy-matches-nothing-here")
+    conn = rb.pika(broker, frame_max=FRAME_MAX)
+    try:
+        ch = conn.channel()
+        m, p, body = ch.basic_get(dst, auto_ack=True)
+        assert m is not None and body == b"grown"
+        assert "x-death" in p.headers
+        assert header_frame_len(p) > FRAME_MAX, header_frame_len(p)
+        assert conn.is_open
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_grown_by_x_death_dead_letters_without_it(rebound_factory, broker,
+                                                  direct):
+    """A message that reaches an intercepted queue with the broker's
+    x-death already pushing its content header past the consumer's
+    frame-max: no copy with it fits, so rebound dead-letters it without the
+    broker's x-death history (body and the client's own headers intact,
+    reason frame-max) rather than breaking the connection or looping."""
+    src = direct.own(rbtest.uniq("xdeath-src"))
+    q = direct.own(rbtest.uniq("xdeath-q"))
+    direct.own(q + ".dlq")
+    direct.channel().queue_declare(q, durable=True)
+    direct.channel().queue_declare(src, durable=True, arguments={
+        "x-message-ttl": 1, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": q})
+    props = big_header_props(3950)
+    direct.publish(src, b"grown", props)
+    rbtest.wait_until(lambda: counts(direct, q) == (1, 0), 10,
+                      "the message dead-lettered into %s" % q)
+    rb = rebound_factory("--retry-tiers", "200ms")
+    conn = rb.pika(broker, frame_max=FRAME_MAX)
+    seen = []
+    try:
+        ch = conn.channel()
+
+        def on_message(c, m, p, b):
+            seen.append(p)
+            c.basic_nack(m.delivery_tag, requeue=True)
+
+        ch.basic_consume(q, on_message)
+
+        def settled():
+            conn.process_data_events(time_limit=0.2)
+            return seen and counts(direct, q + ".dlq") == (1, 0)
+
+        rbtest.wait_until(settled, 20, lambda: "the copy in the dead-letter "
+                          "queue (%d deliveries, %r)" % (
+                              len(seen), counts(direct, q + ".dlq")))
+        conn.process_data_events(time_limit=0.5)
+        assert len(seen) == 1, "delivered %d times" % len(seen)
+        assert "x-death" in seen[0].headers
+        assert conn.is_open
+    finally:
+        if conn.is_open:
+            conn.close()
+    assert counts(direct, q) == (0, 0)
+    got = direct.get_all(q + ".dlq", expect=1)
+    assert len(got) == 1, got
+    _, p, body = got[0]
+    assert body == b"grown"
+    assert p.headers["pad"] == props.headers["pad"]
+    assert p.headers["rebound-dead-letter-reason"] == "frame-max"
+    assert p.headers["rebound-source-queue"] == q
+    assert "x-death" not in p.headers, p.headers.keys()
