@@ -37,37 +37,84 @@ const retry_rule *retry_match(const retry_policy *p, const char *queue,
   return NULL;
 }
 
+/* 64-bit FNV-1a of the whole queue name: what tells two shortened names
+ * apart. */
+static uint64_t name_hash(const char *s, size_t len) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The longest prefix of s[0..len) of at most `max` bytes that does not
+ * cut a UTF-8 sequence (the broker refuses invalid UTF-8 names). */
+static size_t utf8_prefix(const char *s, size_t len, size_t max) {
+  size_t n = len < max ? len : max;
+  while (n > 0 && n < len && ((unsigned char)s[n] & 0xc0) == 0x80)
+    n--;
+  return n;
+}
+
+/* Expand `tmpl` ("{queue}" stands for the queue name) into `out`. When the
+ * result would pass RETRY_NAME_MAX, every "{queue}" becomes a prefix of the
+ * name, '~' and 16 hex digits of its hash, the prefix as long as still
+ * fits. -1 only if even that cannot fit. */
+static int expand_name(const char *tmpl, const char *queue, size_t len,
+                       char *out, size_t cap) {
+  static const char token[] = "{queue}";
+  enum { HASHED = 17 }; /* "~" and 16 hex digits */
+  const size_t tlen = sizeof token - 1;
+  size_t fixed = 0, uses = 0;
+  for (const char *p = tmpl; *p;) {
+    if (strncmp(p, token, tlen) == 0)
+      uses++, p += tlen;
+    else
+      fixed++, p++;
+  }
+  if (fixed > RETRY_NAME_MAX)
+    return -1;
+  size_t keep = len;
+  char tail[HASHED + 1] = "";
+  if (uses && len > (RETRY_NAME_MAX - fixed) / uses) {
+    size_t room = (RETRY_NAME_MAX - fixed) / uses;
+    if (room <= HASHED)
+      return -1;
+    keep = utf8_prefix(queue, len, room - HASHED);
+    snprintf(tail, sizeof tail, "~%016llx",
+             (unsigned long long)name_hash(queue, len));
+  }
+  size_t o = 0, piece = keep + strlen(tail);
+  for (const char *p = tmpl; *p;) {
+    if (strncmp(p, token, tlen) == 0) {
+      if (piece >= cap - o)
+        return -1;
+      memcpy(out + o, queue, keep);
+      memcpy(out + o + keep, tail, piece - keep);
+      o += piece;
+      p += tlen;
+    } else {
+      if (o + 1 >= cap)
+        return -1;
+      out[o++] = *p++;
+    }
+  }
+  out[o] = '\0';
+  return o > RETRY_NAME_MAX ? -1 : (int)o;
+}
+
 int retry_tier_name(const retry_rule *rule, unsigned tier, const char *queue,
                     size_t len, char *out, size_t cap) {
-  char delay[16];
+  char delay[16], tmpl[32];
   if (tier >= rule->ntiers ||
       retry_delay_format(rule->tiers_ms[tier], delay, sizeof delay) < 0)
     return -1;
-  int n = snprintf(out, cap, "%.*s.retry.%s", (int)len, queue, delay);
-  return (n < 0 || (size_t)n >= cap || n > RETRY_NAME_MAX) ? -1 : n;
+  snprintf(tmpl, sizeof tmpl, "{queue}.retry.%s", delay);
+  return expand_name(tmpl, queue, len, out, cap);
 }
 
 int retry_dlq_name(const retry_rule *rule, const char *queue, size_t len,
                    char *out, size_t cap) {
-  static const char token[] = "{queue}";
-  size_t o = 0;
-  for (const char *p = rule->dead_letter; *p;) {
-    const char *piece = p;
-    size_t plen = 1;
-    if (strncmp(p, token, sizeof token - 1) == 0) {
-      piece = queue;
-      plen = len;
-      p += sizeof token - 1;
-    } else {
-      p++;
-    }
-    if (plen > cap - o - 1 || o + plen > RETRY_NAME_MAX)
-      return -1;
-    memcpy(out + o, piece, plen);
-    o += plen;
-  }
-  out[o] = '\0';
-  return (int)o;
+  return expand_name(rule->dead_letter, queue, len, out, cap);
 }
 
 int retry_header_name(const retry_policy *p, const char *suffix, char *out,

@@ -85,12 +85,17 @@ typedef struct retry_plan {
 void retry_decide(const retry_rule *rule, const char *queue, size_t len,
                   int64_t count, retry_plan *plan);
 
-/* "Q.retry.<delay>" for tier i of `rule` into out (cap >= 256). Returns
- * the length, or -1 when it would exceed 255 bytes. */
+/* "Q.retry.<delay>" for tier i of `rule` into out (cap >= 256). A name
+ * that would exceed 255 bytes (the broker's limit) is shortened
+ * deterministically: Q becomes its longest prefix that fits without
+ * cutting a UTF-8 sequence, then '~' and 16 hex digits of a 64-bit FNV-1a
+ * hash of the whole of Q, so distinct queues keep distinct tiers. Returns
+ * the length, or -1 when even that cannot fit. */
 int retry_tier_name(const retry_rule *rule, unsigned tier, const char *queue,
                     size_t len, char *out, size_t cap);
 
-/* The dead-letter queue name for `queue`. Same contract. */
+/* The dead-letter queue name for `queue` ("{queue}" in the rule's
+ * template stands for it). Same contract and shortening. */
 int retry_dlq_name(const retry_rule *rule, const char *queue, size_t len,
                    char *out, size_t cap);
 

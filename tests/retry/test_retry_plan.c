@@ -115,25 +115,56 @@ static void test_edge_rules(void **state) {
                       "no policy for the queue");
 }
 
-/* Names over the broker's 255-byte limit are a pass-through, not a
- * truncated name. */
+/* Names over the broker's 255-byte limit are shortened, deterministically
+ * and distinctly: a prefix of the queue name (never cutting UTF-8), '~' and
+ * a hash of the whole name. */
 static void test_name_limits(void **state) {
   (void)state;
   retry_rule r;
   retry_rule_default(&r);
   char q[256];
   memset(q, 'q', sizeof q);
-  retry_plan p;
+  retry_plan p, p2;
   size_t fits = 255 - strlen(".retry.1s");
   retry_decide(&r, q, fits, -1, &p);
   assert_int_equal(p.action, RETRY_REPUBLISH);
   assert_int_equal(p.target_len, 255);
+  assert_null(strchr(p.target, '~')); /* fits: not touched */
   retry_decide(&r, q, fits + 1, -1, &p);
-  assert_int_equal(p.action, RETRY_PASS);
-  assert_int_equal(p.reason, RETRY_PASS_NAME_TOO_LONG);
+  assert_int_equal(p.action, RETRY_REPUBLISH);
+  assert_int_equal(p.target_len, 255);
+  assert_string_equal(p.target + 255 - strlen(".retry.1s"), ".retry.1s");
+  assert_int_equal(p.target[255 - strlen(".retry.1s") - 17], '~');
+  /* the same name gives the same tier; another name of the same prefix
+   * another one */
+  retry_decide(&r, q, fits + 1, -1, &p2);
+  assert_string_equal(p.target, p2.target);
+  q[fits] = 'x';
+  retry_decide(&r, q, fits + 1, -1, &p2);
+  assert_int_equal(p2.target_len, 255);
+  assert_string_not_equal(p.target, p2.target);
+  q[fits] = 'q';
   retry_decide(&r, q, 251, 3, &p); /* "q...q.dlq" = 255 */
   assert_int_equal(p.action, RETRY_DEAD_LETTER);
+  assert_null(strchr(p.target, '~'));
   retry_decide(&r, q, 252, 3, &p);
+  assert_int_equal(p.action, RETRY_DEAD_LETTER);
+  assert_int_equal(p.target_len, 255);
+  assert_string_equal(p.target + 251, ".dlq");
+  /* a cut never splits a UTF-8 sequence: 2-byte "é" across the cut */
+  char u[256];
+  for (size_t i = 0; i + 1 < sizeof u; i += 2)
+    u[i] = (char)0xc3, u[i + 1] = (char)0xa9;
+  retry_decide(&r, u, 254, -1, &p);
+  assert_int_equal(p.action, RETRY_REPUBLISH);
+  size_t cut = (size_t)(strchr(p.target, '~') - p.target);
+  assert_int_equal(cut % 2, 0);
+  assert_true(p.target_len <= 255);
+  /* a template that leaves no room for even the hash cannot be shortened */
+  memset(r.dead_letter, 'd', 245);
+  strcpy(r.dead_letter + 245, "{queue}");
+  retry_decide(&r, q, 20, 3, &p);
+  assert_int_equal(p.action, RETRY_PASS);
   assert_int_equal(p.reason, RETRY_PASS_NAME_TOO_LONG);
 }
 
