@@ -114,7 +114,7 @@ static void release_own_waiters(px_session *s) {
   for (unsigned i = 0; i < n; i++) {
     px_chan *c = px_tab_get(&s->by_client, s->own_waiters[i].ch);
     if (c && c->gen == s->own_waiters[i].gen && c->held &&
-        !c->track.retries_pending)
+        !c->track.retries_pending && !c->track.defers_pending)
       px__release_held(s, c);
   }
 }
@@ -456,9 +456,9 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
     bool requeue = id == AMQP_BASIC_NACK
                        ? m.args[AMQP_F_BASIC_NACK_REQUEUE].u
                        : m.args[AMQP_F_BASIC_REJECT_REQUEUE].u;
-    /* in a transaction the requeue only happens at commit: leave it be */
-    if (requeue && !c->tx)
-      return px__retry_requeue(s, c, &m);
+    if (requeue) /* in a transaction the requeue happens at commit */
+      return c->tx ? px__retry_requeue_tx(s, c, &m)
+                   : px__retry_requeue(s, c, &m);
     px__track_client_method(s, c, &m);
     return PX_FORWARD;
   }
@@ -710,7 +710,7 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
      * broker, held client frames would be discarded by it */
     c->state = PX_CH_SERVER_CLOSED;
     px__track_clear(s, c);
-    c->track.retries_pending = 0;
+    c->track.retries_pending = c->track.defers_pending = 0;
     if (!c->in_release) {
       c->held = c->open_held = false;
       px__drop_held(s, c);

@@ -265,10 +265,11 @@ static void gauge(px_admin_response *r, const char *name, const char *help,
 
 void px_metrics_render(px_server *srv, px_admin_response *r) {
   const px_stats *st = &srv->stats;
-  unsigned upstream = 0, pending = 0;
+  unsigned upstream = 0, pending = 0, delayed = 0;
   for (px_session *s = srv->sessions; s; s = s->next) {
     upstream += s->upstream.connected;
     pending += s->ops.n;
+    delayed += s->defers.n;
   }
   r->content_type = "text/plain; version=0.0.4; charset=utf-8";
 #define PX__SCALAR(field, name, type, help)                                    \
@@ -280,6 +281,8 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         upstream);
   gauge(r, "rebound_retries_pending",
         "Copies published and awaiting the broker's confirm", pending);
+  gauge(r, "rebound_requeues_delayed",
+        "Requeues held back for their tier delay", delayed);
   render_labelled(srv, r);
   render_histograms(srv, r);
   gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",

@@ -26,6 +26,9 @@ struct px_admin_response;
     "Requeues forwarded to the broker after a copy failed", "reason", NULL, 0) \
   X(PASSTHROUGH, "rebound_retry_passthrough_total",                            \
     "Requeues of kept deliveries forwarded unchanged", "reason", NULL, 0)      \
+  X(DELAYED, "rebound_retry_requeues_delayed_total",                           \
+    "Requeues rebound could not retry, sent after the tier delay", "reason",   \
+    NULL, 0)                                                                   \
   X(CLOSES, "rebound_client_connection_closes_total",                          \
     "Client connections closed, by reason", "reason", NULL, 0)                 \
   X(CONNECT_FAILURES, "rebound_upstream_connect_failures_total",               \

@@ -15,6 +15,15 @@
  * "frame-max" and as few added headers as fit, never sent over-size (the
  * broker would close the client's whole connection).
  *
+ * A requeue rebound cannot turn into a counted retry (a name it cannot
+ * build, an unparsable count, a refused or unreachable tier, rebound's
+ * channel not ready, a copy that failed, a transaction) never goes back to
+ * the broker at once: that is the loop rebound exists to stop. The
+ * delivery is held (PX_DL_DEFERRED, the channel's later frames held behind
+ * it so nothing overtakes) and its requeue is sent when the tier delay has
+ * passed, counted by reason and logged at warn, at most once per
+ * PX_DEFER_LOG_MS.
+ *
  * Copies in flight are a ring in publish order (seq grows by one), so a
  * confirm finds its copy in O(log n) and the usual in-order confirm pops
  * the head in O(1); the oldest one's deadline arms the session's retry
@@ -37,12 +46,28 @@ typedef struct px_retry_op {
   uint32_t gen;   /* the channel's generation (px_chan.gen) */
   bool is_reject; /* fall back with the same method */
   bool returned;
+  bool again; /* republished after a return: not republished twice */
   bool dead_letter;
   const char *reason; /* dead-letter reason (static), for metrics */
   char target[RETRY_NAME_MAX + 1];
   char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
   char tier[16];                  /* "1s", for metrics */
 } px_retry_op;
+
+/* A requeue held back until `due_ms` (the loop's clock). */
+typedef struct px_defer {
+  uint64_t due_ms;
+  uint64_t tag;
+  uint16_t client_ch;
+  uint32_t gen; /* the channel's generation (px_chan.gen) */
+  bool is_reject;
+} px_defer;
+
+/* Deferred requeues per connection at most (each is an unsettled delivery
+ * of a channel, bounded there first). */
+#define PX_DEFERS_MAX (1u << 24)
+/* At most one retry_requeue_delayed line per this many ms, process-wide. */
+#define PX_DEFER_LOG_MS 10000
 
 static uint64_t now_us(void) {
   return uv_hrtime() / 1000;
@@ -86,6 +111,7 @@ static uint64_t op_seq(const void *op) {
 
 void px__retry_free(px_session *s) {
   px_ring_free(&s->ops);
+  px_ring_free(&s->defers);
   list_free(&s->declared, &s->ndeclared);
   list_free(&s->broken, &s->nbroken);
 }
@@ -344,7 +370,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->client_ch = c->client_ch;
   op->gen = c->gen;
   op->is_reject = is_reject;
-  op->returned = false;
+  op->returned = op->again = false;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
@@ -419,15 +445,15 @@ static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
   return start_copy(s, c, d, h, &plan, is_reject, "frame-max", masks);
 }
 
-/* Try to turn one delivery's failure into a copy. true when a copy is on
- * its way (the delivery is then RETRYING). */
-static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
-                      bool is_reject) {
+/* Try to turn one delivery's failure into a copy. NULL when a copy is on
+ * its way (the delivery is then RETRYING), else why not. */
+static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject) {
   static const int tier_masks[] = {COPY_TIER, -1};
   static const int dead_masks[] = {COPY_DEAD_LETTER, -1};
   retry_plan plan;
   if (d->state != PX_DL_CACHED)
-    return false;
+    return "delivery not kept";
   const char *q = px_dl_queue(d);
   const retry_rule *rule =
       d->gen == s->srv->cfg_gen
@@ -436,32 +462,157 @@ static bool try_retry(px_session *s, px_chan *c, px_delivery *d,
   amqp_content_header h; /* decoded once: for the count and the copy */
   if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
       AMQP_OK)
-    return false;
+    return "content header does not decode";
   retry_decide(rule, q, strlen(q), count_header(s, &h), &plan);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
     px_debug("retry_pass", PX_U("id", s->id), PX_S("queue", q),
              PX_S("reason", retry_pass_reason_str(plan.reason)));
-    return false;
+    return retry_pass_reason_str(plan.reason);
   }
   if (in_list(s->broken, s->nbroken, plan.target)) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
                    "tier or dead-letter queue refused", NULL);
-    return false;
+    return "tier or dead-letter queue refused";
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
   int rc = start_copy(s, c, d, &h, &plan, is_reject, "max-attempts",
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
-  if (rc == COPY_TOO_LARGE) /* its own headers exceed this frame-max */
+  if (rc == COPY_TOO_LARGE) { /* its own headers exceed this frame-max */
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "no copy fits frame-max", NULL);
+    return "no copy fits frame-max";
+  }
   if (rc != 0)
-    return false;
+    return "copy could not be built";
   d->state = PX_DL_RETRYING;
   c->track.retries_pending++;
+  return NULL;
+}
+
+/* ---- requeues held back for the tier delay --------------------------------
+ */
+
+static px_defer *defer_at(const px_session *s, uint32_t i) {
+  return px_ring_at(&s->defers, sizeof(px_defer), i);
+}
+
+/* The delay a requeue of `d` waits: the tier its next attempt would have
+ * gone to (the first tier when its count cannot be read). */
+static uint32_t defer_delay(px_session *s, const px_delivery *d) {
+  const char *q = px_dl_queue(d);
+  const retry_rule *rule =
+      d->gen == s->srv->cfg_gen
+          ? d->rule
+          : (q ? retry_match(&s->srv->cfg->retry, q, strlen(q)) : NULL);
+  amqp_content_header h;
+  int64_t count = 0;
+  if (!rule || rule->ntiers == 0)
+    return 1000;
+  if (d->content && amqp_content_header_decode(
+                        (amqp_bytes){d->content, d->header_len}, &h) == AMQP_OK)
+    count = count_header(s, &h);
+  uint64_t attempt = (count > 0 ? (uint64_t)count : 0) + 1;
+  return rule
+      ->tiers_ms[attempt < rule->ntiers ? attempt - 1 : rule->ntiers - 1];
+}
+
+static void arm_defer_timer(px_session *s) {
+  uint64_t next = UINT64_MAX, now = uv_now(s->srv->loop);
+  for (uint32_t i = 0; i < s->defers.n; i++)
+    if (defer_at(s, i)->due_ms < next)
+      next = defer_at(s, i)->due_ms;
+  if (next == UINT64_MAX)
+    uv_timer_stop(&s->defer_timer);
+  else
+    uv_timer_start(&s->defer_timer, px__retry_defer_due,
+                   next > now ? next - now : 0, 0);
+}
+
+static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
+                         const char *why) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = uv_now(s->srv->loop);
+  if (last_ms && now - last_ms < PX_DEFER_LOG_MS) {
+    unlogged++;
+    return;
+  }
+  px_warn("retry_requeue_delayed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("queue", px_dl_queue(d)), PX_S("reason", why),
+          PX_U("delay_ms", ms), PX_U("unlogged", unlogged),
+          PX_S("note", "no counted retry: the broker gets the requeue once "
+                       "the tier delay has passed"));
+  last_ms = now;
+  unlogged = 0;
+}
+
+/* Hold the requeue of `d` back for its tier delay. false when it cannot
+ * be (out of memory): the caller requeues now. */
+static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
+                          bool is_reject, const char *why) {
+  if (px_ring_reserve(&s->defers, sizeof(px_defer), PX_DEFERS_MAX) != 0)
+    return false;
+  uint32_t ms = defer_delay(s, d);
+  px_defer *f = px_ring_push(&s->defers, sizeof(px_defer));
+  *f = (px_defer){uv_now(s->srv->loop) + ms, d->tag, c->client_ch, c->gen,
+                  is_reject};
+  d->state = PX_DL_DEFERRED;
+  c->track.defers_pending++;
+  c->held = true; /* later frames of the channel wait behind it */
+  px_metrics_inc(s->srv, PX_M_DELAYED, why, NULL);
+  log_deferred(s, d, ms, why);
+  arm_defer_timer(s);
   return true;
+}
+
+/* One deferred requeue whose time has come. */
+static void defer_fire(px_session *s, const px_defer *f) {
+  px_chan *c = px_tab_get(&s->by_client, f->client_ch);
+  if (!c || c->gen != f->gen || c->state == PX_CH_SERVER_CLOSED)
+    return; /* the channel went: the broker requeued the delivery */
+  emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
+              true);
+  px__track_settle(s, c, f->tag, false);
+  if (c->track.defers_pending && --c->track.defers_pending == 0 &&
+      c->track.retries_pending == 0)
+    px__release_held(s, c);
+}
+
+void px__retry_defer_due(uv_timer_t *timer) {
+  px_session *s = timer->data;
+  uint64_t now = uv_now(s->srv->loop);
+  px_ring due = {0};
+  /* take the due ones out first: releasing held frames may defer more */
+  for (uint32_t i = 0; i < s->defers.n;) {
+    px_defer *f = defer_at(s, i);
+    if (f->due_ms > now) {
+      i++;
+      continue;
+    }
+    if (px_ring_reserve(&due, sizeof(px_defer), PX_DEFERS_MAX) != 0)
+      break; /* out of memory: the rest wait for the next tick */
+    *(px_defer *)px_ring_push(&due, sizeof(px_defer)) = *f;
+    *f = *defer_at(s, s->defers.n - 1); /* order does not matter */
+    s->defers.n--;
+  }
+  for (uint32_t i = 0; i < due.n && s->state != PX_S_CLOSED; i++)
+    defer_fire(s, px_ring_at(&due, sizeof(px_defer), i));
+  px_ring_free(&due);
+  if (s->state != PX_S_CLOSED)
+    arm_defer_timer(s);
+}
+
+/* Requeue `d` now (no policy, or it cannot be held back) or after its
+ * delay. */
+static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject, const char *why) {
+  if (d->rule && defer_requeue(s, c, d, is_reject, why))
+    return;
+  emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
+              true);
+  px__track_forget(s, c, d);
 }
 
 /* Deliveries [from, to) of the channel's ring that a requeue covers. */
@@ -478,6 +629,9 @@ static void requeue_range(px_chan *c, uint64_t tag, bool multiple,
     *to = *from + 1;
   }
 }
+
+static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
+                       bool is_reject, const char *why);
 
 /* A client's nack/reject with requeue=1. Returns PX_FORWARD (nothing to
  * retry: the frame goes on as it is), PX_HOLD (it waits for rebound's
@@ -510,16 +664,16 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     c->held = true;
     return PX_HOLD;
   }
+  if (any && s->own_state != PX_OWN_READY && !(multiple && t->lost) &&
+      c->state == PX_CH_OPEN)
+    return defer_range(s, c, from, to, is_reject,
+                       "rebound's channel not ready");
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
-    if (any) {
-      px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
-                     s->own_state != PX_OWN_READY
-                         ? "rebound's channel not ready"
-                         : "channel not open or untracked",
+    if (any)
+      px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "channel not open or untracked",
                      NULL);
-    }
     px__track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
@@ -531,21 +685,73 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING)
       continue;
     px__track_observe(s, d); /* the client's decision is now */
-    if (try_retry(s, c, d, is_reject))
-      continue;
-    emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
-                true);
-    px__track_forget(s, c, d);
+    const char *why = try_retry(s, c, d, is_reject);
+    if (why)
+      requeue_or_defer(s, c, d, is_reject, why);
   }
   px__track_tidy(c);
   t->capture = 0;
-  if (t->retries_pending)
+  if (t->retries_pending || t->defers_pending)
     c->held = true; /* later frames of this channel wait for the acks */
   return PX_DROP;
 }
 
+/* Hold back the requeues of deliveries [from, to) (none can be retried
+ * now). PX_DROP: the client's frame is replaced by them. */
+static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
+                       bool is_reject, const char *why) {
+  px_track *t = &c->track;
+  for (uint32_t i = from; i < to; i++) {
+    px_delivery *d = px_dl_at(t, i);
+    if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING ||
+        d->state == PX_DL_DEFERRED)
+      continue;
+    px__track_observe(s, d);
+    requeue_or_defer(s, c, d, is_reject, why);
+  }
+  px__track_tidy(c);
+  t->capture = 0;
+  if (t->retries_pending || t->defers_pending)
+    c->held = true;
+  return PX_DROP;
+}
+
+int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
+  bool is_reject = m->id == AMQP_BASIC_REJECT;
+  uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
+                           : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
+  bool multiple = !is_reject && m->args[AMQP_F_BASIC_NACK_MULTIPLE].u;
+  uint32_t from, to;
+  bool any = false;
+  requeue_range(c, tag, multiple, &from, &to);
+  for (uint32_t i = from; i < to && !any; i++)
+    any = px_dl_at(&c->track, i)->rule != NULL;
+  if (!any || (multiple && c->track.lost) || c->state != PX_CH_OPEN) {
+    px__track_settle(s, c, tag, multiple);
+    return PX_FORWARD;
+  }
+  /* the requeue happens at commit; held back, it still comes before the
+   * commit (the channel's later frames wait behind it) */
+  return defer_range(s, c, from, to, is_reject, "in a transaction");
+}
+
 /* ---- the broker's answers --------------------------------------------------
  */
+
+/* A copy returned unroutable: its tier or dead-letter queue is gone (an
+ * operator deleted it). It is declared again (px__retry_returned forgot
+ * it) and the copy republished, once. */
+static bool republish(px_session *s, px_chan *c, px_delivery *d,
+                      const px_retry_op *op) {
+  if (!op->returned || op->again || s->own_state != PX_OWN_READY ||
+      try_retry(s, c, d, op->is_reject))
+    return false;
+  op_at(s, s->ops.n - 1)->again = true;
+  px_info("retry_republished", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("delivery_tag", op->tag), PX_S("target", op->target),
+          PX_S("reason", "returned by the broker: declared again"));
+  return true;
+}
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
@@ -572,17 +778,24 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
                PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
                PX_S("target", op->target), PX_U("latency_us", us));
     }
+    px__track_settle(s, c, op->tag, false);
   } else {
-    emit_settle(s, c, op->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
-                op->tag, true);
-    px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
-    px_warn("retry_fallback", PX_U("id", s->id), PX_S("peer", s->peer),
-            PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
-            PX_S("target", op->target), PX_S("reason", why),
-            PX_S("action", "requeued by the broker"));
+    px_delivery *d = px__track_find(c, op->tag);
+    if (d)
+      d->state = PX_DL_CACHED; /* no longer being retried */
+    if (!d || !republish(s, c, d, op)) {
+      px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
+      px_warn("retry_fallback", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+              PX_S("target", op->target), PX_S("reason", why),
+              PX_S("action", "requeued after the tier delay"));
+      if (d)
+        requeue_or_defer(s, c, d, op->is_reject, why);
+    }
+    px__track_tidy(c);
   }
-  px__track_settle(s, c, op->tag, false);
-  if (c->track.retries_pending && --c->track.retries_pending == 0)
+  if (c->track.retries_pending && --c->track.retries_pending == 0 &&
+      c->track.defers_pending == 0)
     px__release_held(s, c);
 }
 

@@ -129,6 +129,8 @@ void px_session_close(px_session *s, const char *reason) {
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
   uv_timer_stop(&s->retry_timer);
   uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
+  uv_timer_stop(&s->defer_timer);
+  uv_close((uv_handle_t *)&s->defer_timer, on_handle_closed);
   side_close(&s->client);
   side_close(&s->upstream);
   if (s->gai_pending)
@@ -147,6 +149,41 @@ void px_session_close(px_session *s, const char *reason) {
 static void on_close_wait_timeout(uv_timer_t *t) {
   px_session *s = t->data;
   px_session_close(s, s->close_reason ? s->close_reason : "close timeout");
+}
+
+static void on_retries_timeout(uv_timer_t *t) {
+  px_session *s = t->data;
+  px_session_close(s, s->client_write_failed
+                          ? "client write failed (retries pending timed out)"
+                          : "client disconnected (retries pending timed out)");
+}
+
+/* The client is gone (EOF, a reset, a failed write) while copies are in
+ * flight: finish them (publish, confirm, ack) before the upstream closes,
+ * for at most retry_finish_timeout. false when there is nothing to finish
+ * (or no broker to finish it with). */
+static bool client_gone_finish(px_session *s, bool write_failed) {
+  if (s->ops.n == 0 || !s->upstream.connected || s->client_gone)
+    return s->client_gone;
+  s->client_gone = true;
+  s->client_write_failed = write_failed;
+  if (s->client.reading)
+    uv_read_stop((uv_stream_t *)&s->client.tcp);
+  s->client.reading = s->client.paused = false;
+  s->client.connected = false; /* nothing more is written to it */
+  for (unsigned i = 0; i < s->client.nout; i++)
+    px_chunk_unref(s->client.out[i].chunk);
+  s->client.nout = 0;
+  px_info("client_gone_retries_pending", PX_U("id", s->id),
+          PX_S("peer", s->peer), PX_U("pending", s->ops.n),
+          PX_S("how", write_failed ? "write failed" : "disconnected"),
+          PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
+  s->close_reason =
+      write_failed ? "client write failed" : "client disconnected";
+  uv_timer_stop(&s->timer);
+  uv_timer_start(&s->timer, on_retries_timeout,
+                 s->srv->cfg->retry_finish_timeout_ms, 0);
+  return true;
 }
 
 static void arm_close_timer(px_session *s) {
@@ -168,6 +205,8 @@ static void side_write_failed(px_side *side, int err) {
     px_session_close(s, s->close_reason ? s->close_reason : "client closed");
     return;
   }
+  if (side == &s->client && client_gone_finish(s, true))
+    return;
   px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", side->name), PX_S("error", uv_strerror(err)));
   px_session_close(s, side == &s->client ? "client write failed"
@@ -297,8 +336,9 @@ static void side_flush(px_side *side) {
 /* Queue bytes of `c` for `side`, taking a reference; contiguous bytes of the
  * same chunk extend the last slice. */
 static void side_queue(px_side *side, px_chunk *c, uint8_t *p, uint32_t len) {
-  if (!side->open || len == 0)
-    return;
+  if (!side->open || len == 0 ||
+      (side == &side->s->client && side->s->client_gone))
+    return; /* a client gone while copies finish gets nothing more */
   if (side->nout > 0) {
     px_slice *last = &side->out[side->nout - 1];
     if (last->chunk == c && last->ptr + last->len == p) {
@@ -706,19 +746,8 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
-  if (side == &s->client && s->ops.n > 0 && s->upstream.connected &&
-      !s->client_gone) {
-    /* finish the copies in flight (publish, confirm, ack) first */
-    s->client_gone = true;
-    px_info("client_gone_retries_pending", PX_U("id", s->id),
-            PX_S("peer", s->peer), PX_U("pending", s->ops.n),
-            PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
-    s->close_reason = "client disconnected (retries pending timed out)";
-    uv_timer_stop(&s->timer);
-    uv_timer_start(&s->timer, on_close_wait_timeout,
-                   s->srv->cfg->retry_finish_timeout_ms, 0);
+  if (side == &s->client && client_gone_finish(s, false))
     return;
-  }
   if (side == &s->client) {
     if (!clean)
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -954,7 +983,9 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
   s->timer.data = s;
   uv_timer_init(srv->loop, &s->retry_timer);
   s->retry_timer.data = s;
-  s->open_handles += 2;
+  uv_timer_init(srv->loop, &s->defer_timer);
+  s->defer_timer.data = s;
+  s->open_handles += 3;
   s->id = ++srv->next_id;
   s->started_ms = uv_now(srv->loop);
   s->state = PX_S_CONNECTING;

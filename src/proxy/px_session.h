@@ -110,8 +110,10 @@ typedef struct px_session {
   bool draining;      /* ... because rebound is shutting down */
 
   /* retry path (px_retry.c) */
-  px_ring ops;      /* px_retry_op: copies awaiting the broker's confirm,
-                       in publish order */
+  px_ring ops;    /* px_retry_op: copies awaiting the broker's confirm,
+                     in publish order */
+  px_ring defers; /* px_defer: requeues held back for the tier delay */
+  uv_timer_t defer_timer;
   uint64_t own_seq; /* publish sequence on rebound's channel */
   char **declared;  /* tier/DLQ queues declared on this connection */
   uint32_t ndeclared;
@@ -121,7 +123,8 @@ typedef struct px_session {
   uint64_t held_bytes;  /* client frames held on channels: they count
                            against the upstream side's watermarks */
   bool warned_uncached;
-  bool client_gone; /* client left while retries were pending */
+  bool client_gone;         /* client left while retries were pending */
+  bool client_write_failed; /* ... noticed through a failed write */
   /* client channels whose requeue waits for rebound's channel to reopen */
   struct {
     uint16_t ch;

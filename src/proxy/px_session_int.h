@@ -117,6 +117,12 @@ void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
 void px__retry_free(px_session *s);
 /* The retry timer: copies not confirmed in time fall back. */
 void px__retry_deadline(uv_timer_t *timer);
+/* The defer timer: requeues whose delay has passed go to the broker. */
+void px__retry_defer_due(uv_timer_t *timer);
+/* basic.nack/reject with requeue=1 inside a transaction: delayed like any
+ * requeue rebound cannot retry. PX_DROP when it is held back, PX_FORWARD
+ * when it goes on as it is (no intercepted delivery). */
+int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
 /* No copy is in flight any more (px_frames.c / px_session.c react: a
  * pending yield of rebound's channel, a client that already left). */
 void px__retry_idle(px_session *s);

@@ -91,6 +91,7 @@ typedef struct status_stream {
   uint64_t before;  /* list sessions with an id below this */
   uint64_t listed;  /* sessions written so far */
   unsigned pending; /* their retries_pending */
+  unsigned delayed; /* their requeues_delayed */
   uint64_t now;     /* loop time when the document began */
 } status_stream;
 
@@ -106,14 +107,17 @@ static void status_session(status_stream *st, const px_session *s,
   px_admin_printf(r,
                   ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
                   "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
-                  "\"retries_pending\":%u,\"cache_bytes\":%llu}",
+                  "\"retries_pending\":%u,\"requeues_delayed\":%u,"
+                  "\"cache_bytes\":%llu}",
                   px_state_name(s->state), (unsigned)s->nchans,
                   (unsigned long long)s->client.bytes_in,
                   (unsigned long long)s->client.bytes_out,
                   (double)(st->now - s->started_ms) / 1000.0,
-                  (unsigned)s->ops.n, (unsigned long long)s->cache_bytes);
+                  (unsigned)s->ops.n, (unsigned)s->defers.n,
+                  (unsigned long long)s->cache_bytes);
   st->listed++;
   st->pending += s->ops.n;
+  st->delayed += s->defers.n;
   st->before = s->id;
 }
 
@@ -129,8 +133,11 @@ static bool status_produce(void *arg, px_admin_response *r) {
     status_session(st, s, r);
   if (s)
     return true;
-  px_admin_printf(r, "],\"retries_pending\":%u,\"cache_bytes\":%llu,",
-                  st->pending, (unsigned long long)srv->stats.cache_bytes);
+  px_admin_printf(r,
+                  "],\"retries_pending\":%u,\"requeues_delayed\":%u,"
+                  "\"cache_bytes\":%llu,",
+                  st->pending, st->delayed,
+                  (unsigned long long)srv->stats.cache_bytes);
   status_config(srv, r);
   px_admin_printf(r, "}\n");
   return false;

@@ -141,7 +141,8 @@ void px__track_forget(px_session *s, px_chan *c, px_delivery *d) {
 }
 
 void px__track_observe(px_session *s, const px_delivery *d) {
-  if (d->state != PX_DL_RETRYING) /* observed when it was nacked */
+  if (d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED)
+    /* else observed when it was nacked */
     px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
                        uv_hrtime() / 1000 - d->delivered_us);
 }

@@ -48,6 +48,7 @@ typedef enum px_dl_state {
   PX_DL_CAPTURE,  /* header/body being copied */
   PX_DL_CACHED,   /* can be retried */
   PX_DL_RETRYING, /* a copy is being published */
+  PX_DL_DEFERRED, /* its requeue waits for the tier delay */
   PX_DL_GONE,     /* settled: a hole in the queue, skipped */
 } px_dl_state;
 
@@ -83,6 +84,7 @@ typedef struct px_track {
   uint64_t capture; /* tag of the newest delivery, whose content is
                        arriving and being kept; 0: none */
   uint32_t retries_pending;
+  uint32_t defers_pending; /* requeues waiting for their delay */
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
   /* publisher confirms of the client's own publishes (for metrics) */
   bool confirm;

@@ -138,7 +138,8 @@ def test_preexisting_tier_with_other_ttl(rebound_factory, broker, ctl, direct):
     """Q.retry.1s exists already, declared directly on the broker with
     x-message-ttl 5000. A nack through rebound: rebound's declare is
     refused (406); rebound logs retry_topology_error naming the queue and
-    falls back (the broker requeues: the message is redelivered at once);
+    falls back (the requeue goes to the broker once the tier delay has
+    passed, never at once);
     the client's connection and channel keep working; another queue's
     retry on the same connection still works; nothing is lost, the
     operator's queue is untouched."""
@@ -180,9 +181,11 @@ def test_preexisting_tier_with_other_ttl(rebound_factory, broker, ctl, direct):
     assert err["code"] == "406", err
     fb = rb.wait_log("retry_fallback", timeout=5)
     assert fb["target"] == pre, fb
-    # requeued by the broker: back at once, as the original
+    # requeued by the broker after the tier delay, as the original
     assert seen[1][2:] == (b"m", True, None), seen
-    assert seen[1][0] - seen[0][0] < 0.9, seen
+    check_gaps([seen[1][0] - seen[0][0]], [1.0])
+    delayed = rb.wait_log("retry_requeue_delayed", timeout=5)
+    assert delayed["queue"] == q and delayed["delay_ms"] == "1000", delayed
 
     # the client never noticed: same channel, same connection
     assert ch.is_open and conn.is_open
@@ -249,14 +252,14 @@ def test_over_the_cache_bound_the_nack_passes_through(rebound_factory,
     conn.close()
 
 
-def test_tier_deleted_under_a_connection_returned_copy_falls_back(
+def test_tier_deleted_under_a_connection_is_declared_again(
         rebound_factory, broker, ctl, direct):
     """The tier queue is deleted (by an operator) after rebound's
     connection declared it: the next copy is unroutable (mandatory ->
-    basic.return), so rebound falls back -- the broker requeues the
-    delivery at once, logged retry_fallback -- and the failure after that
-    declares the tier again and retries normally. Nothing is lost."""
-    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "5")
+    basic.return), so rebound declares the tier again and republishes the
+    copy (retry_republished): the retry still counts, a poison message is
+    delivered exactly max_attempts times. Nothing is lost."""
+    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "4")
     q = direct.own(rbtest.uniq("gone"))
     conn = rb.pika(broker)
     ch = conn.channel()
@@ -269,24 +272,20 @@ def test_tier_deleted_under_a_connection_returned_copy_falls_back(
                      (props.headers or {}).get("rebound-retry-count")))
         if len(seen) == 2:
             direct.ch.queue_delete(tier(q, "300ms"))
-        if len(seen) < 4:
-            chan.basic_nack(method.delivery_tag, requeue=True)
-        else:
-            chan.basic_ack(method.delivery_tag)
+        chan.basic_nack(method.delivery_tag, requeue=True)
 
     ch.basic_qos(prefetch_count=1)
     ch.basic_consume(q, on_message)
     ch.basic_publish("", q, b"m")
     pump(conn, lambda: len(seen) == 4, 10,
          lambda: "4 deliveries (seen %r)" % seen)
-    assert [s[1:] for s in seen] == [(False, None), (False, 1), (True, 1),
-                                     (False, 2)], seen
-    assert seen[2][0] - seen[1][0] < 0.25, seen  # the broker's requeue
-    check_gaps([seen[3][0] - seen[2][0]], [0.3])
-    fb = rb.wait_log("retry_fallback")
-    assert fb["target"] == tier(q, "300ms") and "returned" in fb["reason"], fb
-    assert len(rb.log_lines("retry_fallback")) == 1
-    wait_counts(ctl, {q: (0, 0), tier(q, "300ms"): (0, 0)})
+    wait_counts(ctl, {q: (0, 0), dlq(q): (1, 0)})
+    assert [s[1:] for s in seen] == [(False, None), (False, 1), (False, 2),
+                                     (False, 3)], seen
+    check_gaps([b[0] - a[0] for a, b in zip(seen, seen[1:])], [0.3] * 3)
+    again = rb.wait_log("retry_republished")
+    assert again["target"] == tier(q, "300ms"), again
+    assert not rb.log_lines("retry_fallback")
     assert ch.is_open
     conn.close()
 
@@ -296,7 +295,8 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
     """An operator policy makes the tier queue refuse publishes
     (max-length 0, overflow reject-publish): the broker nacks rebound's
     copy, so rebound falls back -- the delivery is requeued by the broker
-    at once, logged retry_fallback "nacked by the broker" -- and nothing is
+    once the tier delay has passed (never at once: that would be a hot
+    loop), logged retry_fallback "nacked by the broker" -- and nothing is
     lost; the client's channel is fine."""
     rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "3")
     q = direct.own(rbtest.uniq("refuse"))
@@ -325,6 +325,8 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
              lambda: "3 deliveries (seen %r)" % seen)
         assert [s[1:] for s in seen] == [(False, None), (True, None),
                                          (True, None)], seen
+        check_gaps([seen[1][0] - seen[0][0], seen[2][0] - seen[1][0]],
+                   [0.3, 0.3])
         fbs = rb.log_lines("retry_fallback")
         assert len(fbs) == 2, fbs
         assert all(f["target"] == tier(q, "300ms") and
@@ -336,12 +338,14 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
         ctl.ctl("clear_policy", policy)
 
 
-def test_server_named_and_too_long_queues_pass_through(rebound_factory,
-                                                       broker, ctl, direct):
-    """A server-named amq.gen-... queue (no tier can be declared for it)
-    and a queue whose tier name would exceed 255 bytes are not retried:
-    their requeues pass through (immediate redelivery), logged as
-    retry_pass with the reason, and nothing is declared for them."""
+def test_server_named_queue_waits_and_long_names_are_shortened(
+        rebound_factory, broker, ctl, direct):
+    """A server-named amq.gen-... queue gets no retry (no tier can be
+    declared for it, nothing is): its requeues are held back for the tier
+    delay, never sent at once, logged retry_requeue_delayed. A queue whose
+    tier name would exceed 255 bytes gets a shortened tier and dead-letter
+    name where needed (a prefix of it, '~' and a hash) and a real counted
+    retry."""
     rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "3")
     base = rbtest.uniq("long") + "-"
     long_q = direct.own(base + "x" * (250 - len(base)))
@@ -352,23 +356,34 @@ def test_server_named_and_too_long_queues_pass_through(rebound_factory,
     assert gen_q.startswith("amq.gen-")
     ch.queue_declare(long_q, durable=True)
     ch.confirm_delivery()
-    ch.basic_qos(prefetch_count=1)
-    for q in (gen_q, long_q):
-        ch.basic_publish("", q, b"m")
-        cons = PoisonConsumer(conn, ch, q)
-        cons.wait(3, timeout=5)
-        assert [(d.method.redelivered, d.count) for d in cons.deliveries[:3]] \
-            == [(False, None), (True, None), (True, None)]
-        cons.cancel()
-        ch.queue_purge(q)
-    reasons = {(p["queue"], p["reason"]) for p in rb.log_lines("retry_pass")}
-    assert (gen_q, "server-named queue (amq.*)") in reasons, reasons
-    assert (long_q, "tier or dead-letter name over 255 bytes") in reasons, \
-        reasons
-    assert not rb.log_lines("retry_published")
+
+    ch.basic_publish("", gen_q, b"m")
+    cons = PoisonConsumer(conn, ch, gen_q)
+    cons.wait(3, timeout=5)
+    assert [(d.method.redelivered, d.count) for d in cons.deliveries[:3]] \
+        == [(False, None), (True, None), (True, None)]
+    check_gaps(cons.gaps()[:2], [0.3, 0.3])
+    cons.cancel()
+    ch.queue_purge(gen_q)
+    delayed = rb.wait_log("retry_requeue_delayed")
+    assert delayed["queue"] == gen_q, delayed
+    assert delayed["reason"] == "server-named queue (amq.*)", delayed
+
+    ch.basic_publish("", long_q, b"m")
+    cons = PoisonConsumer(conn, ch, long_q)
+    cons.wait(3, timeout=10)
+    assert [d.count for d in cons.deliveries[:3]] == [None, 1, 2]
+    cons.cancel()
     names = ctl.queue_names()
-    assert not [n for n in names if n.startswith(gen_q + ".") or
-                n.startswith(long_q + ".")]
+    ours = sorted(n for n in names if n.startswith(long_q[:100]) and
+                  n != long_q)
+    direct.own(*ours)
+    tiers = [n for n in ours if n.endswith(".retry.300ms")]
+    assert len(tiers) == 1 and len(tiers[0]) == 255 and "~" in tiers[0], ours
+    assert dlq(long_q) in ours  # 254 bytes: fits as it is
+    rbtest.wait_until(lambda: ctl.queue(dlq(long_q)) == (1, 0, 0), 10,
+                      "the message in the dead-letter queue")
+    assert not [n for n in names if n.startswith(gen_q + ".")]
     conn.close()
 
 
