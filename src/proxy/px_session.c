@@ -162,6 +162,14 @@ static void on_retries_timeout(uv_timer_t *t) {
  * flight: finish them (publish, confirm, ack) before the upstream closes,
  * for at most retry_finish_timeout. false when there is nothing to finish
  * (or no broker to finish it with). */
+/* Nothing more is written to the client (it is gone). */
+static void client_stop_writing(px_session *s) {
+  s->client.connected = false;
+  for (unsigned i = 0; i < s->client.nout; i++)
+    px_chunk_unref(s->client.out[i].chunk);
+  s->client.nout = 0;
+}
+
 static bool client_gone_finish(px_session *s, bool write_failed) {
   if (s->ops.n == 0 || !s->upstream.connected || s->client_gone)
     return s->client_gone;
@@ -170,10 +178,7 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
   if (s->client.reading)
     uv_read_stop((uv_stream_t *)&s->client.tcp);
   s->client.reading = s->client.paused = false;
-  s->client.connected = false; /* nothing more is written to it */
-  for (unsigned i = 0; i < s->client.nout; i++)
-    px_chunk_unref(s->client.out[i].chunk);
-  s->client.nout = 0;
+  client_stop_writing(s);
   px_info("client_gone_retries_pending", PX_U("id", s->id),
           PX_S("peer", s->peer), PX_U("pending", s->ops.n),
           PX_S("how", write_failed ? "write failed" : "disconnected"),
@@ -197,6 +202,30 @@ static void side_resume(px_side *side);
 static void side_shutdown(px_side *side);
 static void side_start_reading(px_side *side);
 
+/* Before the client's reset or EOF shows on the read side, a write to it
+ * failed. What it sent before it went is still readable (a nack whose copy
+ * must be made): stop writing, keep reading until the read reports the end
+ * (side_eof then finishes the copies in flight), for at most
+ * PX_CLOSE_WAIT_MS. */
+static void on_client_dead_timeout(uv_timer_t *t) {
+  px_session *s = t->data;
+  if (!client_gone_finish(s, true))
+    px_session_close(s, "client write failed");
+}
+
+static void client_write_failed(px_session *s, int err) {
+  s->client_write_failed = true;
+  client_stop_writing(s);
+  px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
+  if (!s->close_reason)
+    s->close_reason = "client write failed";
+  uv_timer_stop(&s->timer);
+  uv_timer_start(&s->timer, on_client_dead_timeout, PX_CLOSE_WAIT_MS, 0);
+  s->client.paused = false;
+  side_start_reading(&s->client);
+}
+
 /* A write to `side` failed (at once or later): log and close. A client
  * that hangs up once its close handshake is done ends normally. */
 static void side_write_failed(px_side *side, int err) {
@@ -205,8 +234,12 @@ static void side_write_failed(px_side *side, int err) {
     px_session_close(s, s->close_reason ? s->close_reason : "client closed");
     return;
   }
-  if (side == &s->client && client_gone_finish(s, true))
+  if (side == &s->client) { /* once: later failures of writes in flight
+                               say nothing new */
+    if (!s->client_write_failed && !s->client_gone)
+      client_write_failed(s, err);
     return;
+  }
   px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", side->name), PX_S("error", uv_strerror(err)));
   px_session_close(s, side == &s->client ? "client write failed"
@@ -337,7 +370,8 @@ static void side_flush(px_side *side) {
  * same chunk extend the last slice. */
 static void side_queue(px_side *side, px_chunk *c, uint8_t *p, uint32_t len) {
   if (!side->open || len == 0 ||
-      (side == &side->s->client && side->s->client_gone))
+      (side == &side->s->client &&
+       (side->s->client_gone || side->s->client_write_failed)))
     return; /* a client gone while copies finish gets nothing more */
   if (side->nout > 0) {
     px_slice *last = &side->out[side->nout - 1];
@@ -479,23 +513,27 @@ static void side_shutdown(px_side *side) {
     px_session_close(side->s, side->s->close_reason);
 }
 
-/* End the session through the client's side: stop reading the broker,
- * flush what the client is owed, shut down its write side, then drop its
- * input until it hangs up (or PX_CLOSE_WAIT_MS). */
-static void client_linger(px_session *s) {
-  px_side *c = &s->client;
-  if (s->upstream.reading)
-    uv_read_stop((uv_stream_t *)&s->upstream.tcp);
-  s->upstream.reading = s->upstream.paused = false;
-  c->lingering = true;
-  c->paused = false;
+/* End the session through `side`: stop reading the other side, flush
+ * what `side` is owed, shut down its write side, then drop its input until
+ * it hangs up (or PX_CLOSE_WAIT_MS). Closing a socket whose peer's data
+ * sits unread makes the kernel reset it and drop what was just written (a
+ * client's close-ok, the ack of an original whose copy is confirmed):
+ * draining first lets the peer read everything. */
+static void side_linger(px_side *side) {
+  px_session *s = side->s;
+  px_side *other = other_side(s, side);
+  if (other->reading)
+    uv_read_stop((uv_stream_t *)&other->tcp);
+  other->reading = other->paused = false;
+  side->lingering = true;
+  side->paused = false;
   arm_close_timer(s);
-  side_flush(c);
+  side_flush(side);
   if (s->state == PX_S_CLOSED)
     return;
-  if (c->inflight == 0 && c->nout == 0)
-    side_shutdown(c);
-  side_start_reading(c);
+  if (side->inflight == 0 && side->nout == 0)
+    side_shutdown(side);
+  side_start_reading(side);
 }
 
 void px__release_conn_hold(px_session *s) {
@@ -512,8 +550,8 @@ void px__release_conn_hold(px_session *s) {
 void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
-  if (side == &s->client && side->connected) {
-    client_linger(s);
+  if (side->connected) {
+    side_linger(side);
     return;
   }
   side_flush(side);
@@ -645,7 +683,7 @@ static void process_input(px_session *s, px_side *from) {
   px_chunk *c = from->in;
   px_side *to = other_side(s, from);
 
-  if (from == &s->client && (s->state == PX_S_FINISHING || from->lingering)) {
+  if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
     c->off = c->len; /* after close-ok: read and dropped, as the broker */
     return;
   }
@@ -746,7 +784,7 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
-  if (side == &s->client && client_gone_finish(s, false))
+  if (side == &s->client && client_gone_finish(s, s->client_write_failed))
     return;
   if (side == &s->client) {
     if (!clean)
@@ -813,8 +851,8 @@ static void side_start_reading(px_side *side) {
 
 static void side_resume(px_side *side) {
   side->paused = false;
-  if (side == &side->s->upstream && side->s->client.lingering)
-    return; /* the session is ending through the client's side */
+  if (other_side(side->s, side)->lingering)
+    return; /* the session is ending through the other side */
   side_start_reading(side);
 }
 
