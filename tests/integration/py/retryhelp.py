@@ -332,7 +332,9 @@ def run_poison(rb, broker, ctl, direct, queue_args, tiers, max_attempts,
     ch.queue_bind(q, x, rk)
     ch.confirm_delivery()
     props = props or poison_props()
-    started = wall_now() - timedelta(seconds=1)
+    # AMQP timestamps are whole seconds, and rebound's clock may read a tick
+    # behind ours at a second boundary: compare from the whole second before
+    started = (wall_now() - timedelta(seconds=1)).replace(microsecond=0)
     ch.basic_publish(x, rk, body, props, mandatory=True)
 
     delays = expected_gaps(tiers, max_attempts)
