@@ -24,10 +24,6 @@ void px_log_set_level(px_log_level level) {
   min_level = level;
 }
 
-bool px_log_enabled(px_log_level level) {
-  return level >= min_level;
-}
-
 int px_log_level_parse(const char *s, px_log_level *out) {
   for (int i = 0; i < 4; i++)
     if (strcmp(s, names[i]) == 0) {
@@ -93,11 +89,13 @@ static bool text_bare(const unsigned char *s, size_t n) {
   return true;
 }
 
-/* One byte sequence of a string value, escaped for `fmt`. */
+/* One byte sequence of a string value, escaped for `fmt` into `esc`;
+ * `*used` gets the input bytes it covers. Returns the bytes written. */
 static size_t escape_one(px_log_format fmt, const unsigned char *s, size_t n,
-                         char *esc) {
+                         char *esc, size_t *used) {
   unsigned char c = s[0];
   size_t u = utf8_len(s, n);
+  *used = u ? u : 1;
   if (c == '"' || c == '\\')
     return (size_t)sprintf(esc, "\\%c", c);
   if (c == '\n' || c == '\r' || c == '\t')
@@ -115,12 +113,6 @@ static size_t escape_one(px_log_format fmt, const unsigned char *s, size_t n,
   return u;
 }
 
-/* Bytes of input the escape of s[0..] consumed. */
-static size_t consumed(const unsigned char *s, size_t n) {
-  size_t u = utf8_len(s, n);
-  return u ? u : 1;
-}
-
 static void put_string(out *o, px_log_format fmt, const char *str, size_t n) {
   const unsigned char *s = (const unsigned char *)(str ? str : "");
   bool cut = n > PX_LOG_VALUE_MAX;
@@ -133,9 +125,9 @@ static void put_string(out *o, px_log_format fmt, const char *str, size_t n) {
   put(o, "\"", 1);
   for (size_t i = 0; i < n;) {
     char esc[8];
-    size_t k = escape_one(fmt, s + i, n - i, esc);
-    put(o, esc, k);
-    i += consumed(s + i, n - i);
+    size_t used;
+    put(o, esc, escape_one(fmt, s + i, n - i, esc, &used));
+    i += used;
   }
   if (cut)
     put(o, "...", 3);

@@ -77,9 +77,6 @@ void px_log_set_format(px_log_format format);
 /* Set the lowest level written (default PX_LOG_INFO). */
 void px_log_set_level(px_log_level level);
 
-/* True when a line of `level` would be written. */
-bool px_log_enabled(px_log_level level);
-
 /* Parse "debug", "info", "warn" or "error"; returns -1 for anything else. */
 int px_log_level_parse(const char *s, px_log_level *out);
 

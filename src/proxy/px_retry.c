@@ -445,6 +445,16 @@ static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
   return start_copy(s, c, d, h, &plan, is_reject, "frame-max", masks);
 }
 
+/* The delivery's policy under the running config: a rule matched under an
+ * older one is matched again (rule pointers of retired configs are never
+ * used). */
+static const retry_rule *delivery_rule(px_session *s, const px_delivery *d) {
+  const char *q = px_dl_queue(d);
+  if (d->gen == s->srv->cfg_gen)
+    return d->rule;
+  return q ? retry_match(&s->srv->cfg->retry, q, strlen(q)) : NULL;
+}
+
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
  * its way (the delivery is then RETRYING), else why not. */
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
@@ -455,10 +465,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (d->state != PX_DL_CACHED)
     return "delivery not kept";
   const char *q = px_dl_queue(d);
-  const retry_rule *rule =
-      d->gen == s->srv->cfg_gen
-          ? d->rule
-          : retry_match(&s->srv->cfg->retry, q, strlen(q)); /* reloaded */
+  const retry_rule *rule = delivery_rule(s, d);
   amqp_content_header h; /* decoded once: for the count and the copy */
   if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
       AMQP_OK)
@@ -502,21 +509,15 @@ static px_defer *defer_at(const px_session *s, uint32_t i) {
 /* The delay a requeue of `d` waits: the tier its next attempt would have
  * gone to (the first tier when its count cannot be read). */
 static uint32_t defer_delay(px_session *s, const px_delivery *d) {
-  const char *q = px_dl_queue(d);
-  const retry_rule *rule =
-      d->gen == s->srv->cfg_gen
-          ? d->rule
-          : (q ? retry_match(&s->srv->cfg->retry, q, strlen(q)) : NULL);
+  const retry_rule *rule = delivery_rule(s, d);
   amqp_content_header h;
-  int64_t count = 0;
+  int64_t count = -1;
   if (!rule || rule->ntiers == 0)
     return 1000;
   if (d->content && amqp_content_header_decode(
                         (amqp_bytes){d->content, d->header_len}, &h) == AMQP_OK)
     count = count_header(s, &h);
-  uint64_t attempt = (count > 0 ? (uint64_t)count : 0) + 1;
-  return rule
-      ->tiers_ms[attempt < rule->ntiers ? attempt - 1 : rule->ntiers - 1];
+  return rule->tiers_ms[retry_tier_for(rule, count)];
 }
 
 static void arm_defer_timer(px_session *s) {

@@ -158,10 +158,6 @@ static void on_retries_timeout(uv_timer_t *t) {
                           : "client disconnected (retries pending timed out)");
 }
 
-/* The client is gone (EOF, a reset, a failed write) while copies are in
- * flight: finish them (publish, confirm, ack) before the upstream closes,
- * for at most retry_finish_timeout. false when there is nothing to finish
- * (or no broker to finish it with). */
 /* Nothing more is written to the client (it is gone). */
 static void client_stop_writing(px_session *s) {
   s->client.connected = false;
@@ -170,6 +166,10 @@ static void client_stop_writing(px_session *s) {
   s->client.nout = 0;
 }
 
+/* The client is gone (EOF, a reset, a failed write) while copies are in
+ * flight: finish them (publish, confirm, ack) before the upstream closes,
+ * for at most retry_finish_timeout. false when there is nothing to finish
+ * (or no broker to finish it with). */
 static bool client_gone_finish(px_session *s, bool write_failed) {
   if (s->ops.n == 0 || !s->upstream.connected || s->client_gone)
     return s->client_gone;
@@ -242,8 +242,7 @@ static void side_write_failed(px_side *side, int err) {
   }
   px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", side->name), PX_S("error", uv_strerror(err)));
-  px_session_close(s, side == &s->client ? "client write failed"
-                                         : "upstream write failed");
+  px_session_close(s, "upstream write failed");
 }
 
 /* Bytes waiting to reach `side`: in flight, and for the upstream side the
@@ -283,15 +282,9 @@ static void on_write(uv_write_t *req, int status) {
     side_write_failed(side, status);
     return;
   }
-  if (side->inflight == 0 && side->nout == 0) {
-    if (side->lingering) {
-      side_shutdown(side);
-      return;
-    }
-    if (side->close_when_flushed) {
-      px_session_close(s, s->close_reason);
-      return;
-    }
+  if (side->lingering && side->inflight == 0 && side->nout == 0) {
+    side_shutdown(side);
+    return;
   }
   side_pressure(side);
 }
@@ -550,17 +543,10 @@ void px__release_conn_hold(px_session *s) {
 void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
   if (!s->close_reason)
     s->close_reason = reason;
-  if (side->connected) {
+  if (side->connected)
     side_linger(side);
-    return;
-  }
-  side_flush(side);
-  if (!side->connected || (side->inflight == 0 && side->nout == 0)) {
+  else
     px_session_close(s, reason);
-    return;
-  }
-  side->close_when_flushed = true;
-  arm_close_timer(s);
 }
 
 void px__emit_close(px_session *s, px_side *side, uint16_t code,

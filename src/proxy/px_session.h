@@ -61,7 +61,6 @@ typedef struct px_side {
   bool connected; /* may be written to */
   bool reading;   /* uv_read_start active */
   bool paused;    /* reading stopped by backpressure */
-  bool close_when_flushed;
   bool lingering; /* ending: write side shut down after a flush, input
                      dropped until EOF or the close timer */
   bool shut;      /* uv_shutdown issued */

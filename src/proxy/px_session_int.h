@@ -67,7 +67,9 @@ void px__emit_close(px_session *s, px_side *side, uint16_t code,
 void px__close_client(px_session *s, uint16_t code, const char *text,
                       uint16_t class_id, uint16_t method_id);
 
-/* Write out what is queued for `side`, then close the session. */
+/* End the session through `side`: write out what is queued for it, shut
+ * down its write side and drain it until it hangs up (px_session.c); a side
+ * not connected closes the session at once. */
 void px__close_after_flush(px_session *s, px_side *side, const char *reason);
 
 void px__set_state(px_session *s, px_state state);

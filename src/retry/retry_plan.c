@@ -123,6 +123,11 @@ int retry_header_name(const retry_policy *p, const char *suffix, char *out,
   return (n < 0 || (size_t)n >= cap || n > RETRY_NAME_MAX) ? -1 : n;
 }
 
+unsigned retry_tier_for(const retry_rule *rule, int64_t count) {
+  uint64_t k = count > 0 ? (uint64_t)count + 1 : 1;
+  return (unsigned)((k < rule->ntiers ? k : rule->ntiers) - 1);
+}
+
 static void pass(retry_plan *plan, retry_pass_reason why) {
   plan->action = RETRY_PASS;
   plan->reason = why;
@@ -152,7 +157,7 @@ void retry_decide(const retry_rule *rule, const char *queue, size_t len,
     n = retry_dlq_name(rule, queue, len, plan->target, sizeof plan->target);
   } else {
     plan->action = RETRY_REPUBLISH;
-    plan->tier = (k < rule->ntiers ? k : rule->ntiers) - 1;
+    plan->tier = retry_tier_for(rule, count);
     plan->delay_ms = rule->tiers_ms[plan->tier];
     n = retry_tier_name(rule, plan->tier, queue, len, plan->target,
                         sizeof plan->target);

@@ -79,6 +79,10 @@ typedef struct retry_plan {
   size_t target_len;
 } retry_plan;
 
+/* The tier the failure of a delivery carrying `count` goes to (-1 or any
+ * invalid count: the first), for a rule with at least one tier. */
+unsigned retry_tier_for(const retry_rule *rule, int64_t count);
+
 /* Decide for one failed delivery. `rule` may be NULL (no policy).
  * `count` is the retry count header's value, or -1 when absent; any other
  * negative value is invalid. Always fills `*plan`. */
