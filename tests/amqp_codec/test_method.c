@@ -234,6 +234,8 @@ static void test_opaque_tables(void **state) {
   assert_true(
       amqp_bytes_eq(m.args[AMQP_F_BASIC_CONSUME_QUEUE].b, amqp_cstr("q")));
   assert_int_equal(m.args[AMQP_F_BASIC_CONSUME_ARGUMENTS].b.len, LEVELS * PER);
+  /* a view of the bytes as they came, to be forwarded unread */
+  assert_ptr_equal(m.args[AMQP_F_BASIC_CONSUME_ARGUMENTS].b.ptr, payload + 15);
   /* still length-checked: a table running past the payload is refused */
   payload[11] = 0x7f; /* the table length's high octet */
   assert_int_equal(amqp_method_decode_flags(b, &m, AMQP_DECODE_OPAQUE_TABLES),

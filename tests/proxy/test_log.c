@@ -849,10 +849,12 @@ static void test_json_non_finite(void **state) {
     }
     assert_int_equal(p.n, 4);
     parsed_free(&p);
+    assert_non_null(strstr(l, ",\"x\":0}")); /* written as 0 */
     l = one(PX_LOG_TEXT, PX_F("x", vals[i]));
     assert_int_equal(logfmt_parse(l, strlen(l), &p), 0);
     assert_int_equal(p.n, 4);
     parsed_free(&p);
+    assert_non_null(strstr(l, " x=0\n"));
   }
 }
 

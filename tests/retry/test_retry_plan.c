@@ -135,6 +135,7 @@ static void test_name_limits(void **state) {
   assert_int_equal(p.target_len, 255);
   assert_string_equal(p.target + 255 - strlen(".retry.1s"), ".retry.1s");
   assert_int_equal(p.target[255 - strlen(".retry.1s") - 17], '~');
+  assert_memory_equal(p.target, q, 255 - strlen(".retry.1s") - 17);
   /* the same name gives the same tier; another name of the same prefix
    * another one */
   retry_decide(&r, q, fits + 1, -1, &p2);
@@ -151,6 +152,8 @@ static void test_name_limits(void **state) {
   assert_int_equal(p.action, RETRY_DEAD_LETTER);
   assert_int_equal(p.target_len, 255);
   assert_string_equal(p.target + 251, ".dlq");
+  assert_int_equal(p.target[251 - 17], '~'); /* a prefix, then the hash */
+  assert_memory_equal(p.target, q, 251 - 17);
   /* a cut never splits a UTF-8 sequence: 2-byte "é" across the cut */
   char u[256];
   for (size_t i = 0; i + 1 < sizeof u; i += 2)

@@ -136,7 +136,9 @@ def test_heartbeat_on_a_channel(rebound_factory, broker):
     via = close_answer(rb.port, frames)
     assert want[0] == 505, want
     assert via[0] == want[0], (via, want)
+    assert via[2:] == want[2:], (via, want)  # no class/method named
     rb.wait_conn_sockets(0)
+    assert rb.alive()
 
 
 # ---- 8. a retry copy larger than frame-max ----------------------------------

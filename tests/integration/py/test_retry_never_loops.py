@@ -476,6 +476,9 @@ def test_tier_deleted_under_the_connection_is_declared_again(
     assert deleted == [1, 2, 3], deleted
     check_gaps(cons.gaps(), [0.3, 0.3, 0.3])
     assert not rb.log_lines("retry_requeue_delayed")
+    # the copies after deliveries 2 and 3 found their tier gone; the 4th
+    # delivery's failure goes to the DLQ, not to the deleted tier
+    assert len(rb.log_lines("retry_republished")) == 2
     got = direct.get_all(dlq(q), expect=1)
     assert len(got) == 1 and got[0][1].headers[COUNT] == 4, got
     conn.close()
