@@ -173,6 +173,11 @@ static int parse_ATTEMPTS(px_config *c, const char *v) {
   return 0;
 }
 
+static int parse_QUEUE_TYPE(px_config *c, const char *v) {
+  c->override.queue_type = true;
+  return retry_queue_type_parse(v, strlen(v), &c->override.rule.queue_type);
+}
+
 /* "auto" (0: px_server sizes it from the file descriptor limit) or a
  * count. */
 static int parse_LIMIT(uint32_t *field, const char *v) {
@@ -204,6 +209,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
   ((c)->override.tiers = true, px_parse_tiers(v, &(c)->override.rule))
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
 #define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
+#define PARSE_QUEUE_TYPE(c, field, v) parse_QUEUE_TYPE(c, v)
 
 /* What a valid value of each type looks like, for error messages. */
 #define EXPECT_PATH "a file path"
@@ -219,6 +225,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define EXPECT_TIERS "delays like '1s,2s,4s' (each at most 24h)"
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
+#define EXPECT_QUEUE_TYPE "auto, quorum or classic"
 
 static const struct option_desc {
   const char *flag, *env, *key, *def, *help, *expect;
@@ -267,8 +274,11 @@ const char *px__config_expected(const char *flag) {
   return i < 0 ? "" : options[i].expect;
 }
 
-/* Retry settings from flags/env replace the rules with one. */
+/* Retry settings from flags/env: a queue type applies to every rule; the
+ * others replace the rules with one. */
 static void apply_override(px_config *c) {
+  for (unsigned i = 0; c->override.queue_type && i < c->retry.nrules; i++)
+    c->rules[i].queue_type = c->override.rule.queue_type;
   if (!c->override.tiers && !c->override.queues && !c->override.max_attempts)
     return;
   retry_rule r = c->retry.nrules ? c->rules[0] : c->override.rule;
@@ -284,6 +294,8 @@ static void apply_override(px_config *c) {
   }
   if (c->override.max_attempts)
     r.max_attempts = c->override.rule.max_attempts;
+  if (c->override.queue_type)
+    r.queue_type = c->override.rule.queue_type;
   c->rules[0] = r;
   c->retry.nrules = 1;
 }

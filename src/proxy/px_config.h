@@ -44,7 +44,7 @@ typedef struct px_config {
   /* retry settings given by flag or env replace the file's rules with one
    * rule: the file's first (or the default) with these fields changed */
   struct {
-    bool tiers, queues, max_attempts;
+    bool tiers, queues, max_attempts, queue_type;
     retry_rule rule;
   } override;
 } px_config;
@@ -93,7 +93,11 @@ typedef struct px_config {
   X(retry_tiers, "retry-tiers", "REBOUND_RETRY_TIERS", NULL, TIERS, NULL,      \
     "delays before attempts 2, 3, ...: '1s,2s,4s'")                            \
   X(max_attempts, "max-attempts", "REBOUND_MAX_ATTEMPTS", NULL, ATTEMPTS,      \
-    NULL, "deliveries before dead-lettering (default 4)")
+    NULL, "deliveries before dead-lettering (default 4)")                      \
+  X(retry_queue_type, "retry-queue-type", "REBOUND_RETRY_QUEUE_TYPE", NULL,    \
+    QUEUE_TYPE, NULL,                                                          \
+    "type of tier and dead-letter queues: auto (quorum where the broker "      \
+    "dead-letters them at-least-once), quorum or classic")
 
 typedef enum px_config_result {
   PX_CONFIG_OK,

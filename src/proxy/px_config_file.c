@@ -110,10 +110,14 @@ static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
       if (!s || !*s || strlen(s) > RETRY_NAME_MAX)
         return fail(l, v, "dead_letter: expected a queue name pattern");
       strcpy(r->dead_letter, s);
+    } else if (strcmp(key, "queue_type") == 0) {
+      const char *s = scalar(v);
+      if (!s || retry_queue_type_parse(s, strlen(s), &r->queue_type) != 0)
+        return fail(l, v, "queue_type: expected auto, quorum or classic");
     } else {
       return fail(l, k,
                   "unknown policy key '%s' (queues, tiers, "
-                  "max_attempts, dead_letter)",
+                  "max_attempts, dead_letter, queue_type)",
                   key);
     }
   }

@@ -19,8 +19,11 @@
  * 512 MiB (its max_message_size cannot be set higher); anything past 4 GiB
  * is a broken or hostile peer, and sizes near 2^64 would overflow sums. */
 #define PX_UPSTREAM_BODY_MAX UINT64_C(0xffffffff)
-/* Consecutive failures of rebound's channel before it stops reopening. */
-#define PX_OWN_MAX_FAILURES 3
+/* rebound's channel reopens at once after its first close, then after
+ * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
+ * until a copy is confirmed again. */
+#define PX_OWN_BACKOFF_MS 500
+#define PX_OWN_BACKOFF_MAX_MS 30000
 
 static bool own_active(const px_session *s) {
   return s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
@@ -119,6 +122,55 @@ static void release_own_waiters(px_session *s) {
   }
 }
 
+/* How long until rebound's channel reopens after its latest close. */
+static uint32_t own_backoff_ms(px_session *s) {
+  if (s->own_failures < UINT8_MAX)
+    s->own_failures++;
+  if (s->own_failures <= 1)
+    return 0;
+  uint32_t ms = PX_OWN_BACKOFF_MS;
+  for (unsigned i = 2; i < s->own_failures && ms < PX_OWN_BACKOFF_MAX_MS; i++)
+    ms *= 2;
+  return ms < PX_OWN_BACKOFF_MAX_MS ? ms : PX_OWN_BACKOFF_MAX_MS;
+}
+
+void px__own_reopen(px_session *s) {
+  if (s->own_state == PX_OWN_NONE && s->state == PX_S_OPEN &&
+      !s->proxy_closing && !s->client_gone)
+    own_open(s);
+}
+
+/* The broker closed rebound's channel (a refused declare, a queue whose
+ * home node is down, ...): copies in flight fall back, and the channel
+ * reopens, at once when the close only showed a queue's type, else after
+ * the backoff. Never given up: requeues wait meanwhile. */
+static void own_closed(px_session *s, const amqp_method *close) {
+  amqp_bytes text = close->args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
+  uint16_t code = (uint16_t)close->args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u;
+  amqp_method m;
+  bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
+  s->own_state = PX_OWN_NONE; /* no new copies while they fall back */
+  bool adapted = px__retry_own_lost(s, code, text);
+  uint32_t delay = adapted ? 0 : own_backoff_ms(s);
+  s->srv->stats.own_channel_errors++;
+  px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", s->own_ch), PX_U("code", code),
+          PX_B("text", text.ptr, text.len), PX_U("reopen_ms", delay));
+  amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
+  px__emit_method(s, px__own_side(s), s->own_ch, &m);
+  if (yielding) {
+    own_handover(s);
+    return;
+  }
+  s->own_state = PX_OWN_NONE;
+  if (delay == 0) {
+    own_open(s);
+    return;
+  }
+  px__retry_reopen_at(s, uv_now(s->srv->loop) + delay);
+  release_own_waiters(s); /* their requeues wait for it, up to a delay */
+}
+
 static int own_frame(px_session *s, const amqp_frame *f) {
   amqp_method m;
   if (f->type != AMQP_FRAME_METHOD)
@@ -137,10 +189,10 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     break;
   case AMQP_CONFIRM_SELECT_OK:
     s->own_state = PX_OWN_READY;
-    s->own_failures = 0;
     px_debug("own_channel_ready", PX_U("id", s->id),
              PX_U("channel", s->own_ch));
     release_own_waiters(s);
+    px__retry_own_ready(s);
     if (s->yield_requested && s->ops.n == 0)
       own_yield_now(s);
     break;
@@ -155,30 +207,9 @@ static int own_frame(px_session *s, const amqp_frame *f) {
   case AMQP_BASIC_RETURN:
     px__retry_returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
     break;
-  case AMQP_CHANNEL_CLOSE: {
-    amqp_bytes text = m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
-    s->srv->stats.own_channel_errors++;
-    px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
-            PX_U("channel", s->own_ch),
-            PX_U("code", m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u),
-            PX_B("text", text.ptr, text.len));
-    bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
-    s->own_state = PX_OWN_NONE; /* no new copies while they fall back */
-    px__retry_own_lost(s, (uint16_t)m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u,
-                       text);
-    amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
-    px__emit_method(s, &s->upstream, s->own_ch, &m);
-    if (yielding) {
-      own_handover(s);
-      break;
-    }
-    s->own_state = PX_OWN_NONE;
-    if (++s->own_failures < PX_OWN_MAX_FAILURES)
-      own_open(s);
-    else
-      release_own_waiters(s); /* given up: their requeues pass through */
+  case AMQP_CHANNEL_CLOSE:
+    own_closed(s, &m);
     break;
-  }
   case AMQP_CHANNEL_CLOSE_OK:
     own_handover(s);
     break;
@@ -595,10 +626,36 @@ static void log_open(px_session *s) {
           PX_U("heartbeat", s->heartbeat));
 }
 
+/* Does the broker dead-letter out of quorum queues at-least-once? Its
+ * connection.start says RabbitMQ 3.10 or later. */
+static bool broker_quorum_dlx(const amqp_method *m) {
+  amqp_bytes props = m->args[AMQP_F_CONNECTION_START_SERVER_PROPERTIES].b;
+  amqp_field product, version;
+  unsigned major = 0, minor = 0;
+  char v[32];
+  if (amqp_table_get(props, amqp_cstr("product"), &product) != AMQP_OK ||
+      product.type != 'S' ||
+      !amqp_bytes_eq(product.v.bytes, amqp_cstr("RabbitMQ")) ||
+      amqp_table_get(props, amqp_cstr("version"), &version) != AMQP_OK ||
+      version.type != 'S' || version.v.bytes.len >= sizeof v)
+    return false;
+  memcpy(v, version.v.bytes.ptr, version.v.bytes.len);
+  v[version.v.bytes.len] = '\0';
+  if (sscanf(v, "%u.%u", &major, &minor) != 2)
+    return false;
+  return major > 3 || (major == 3 && minor >= 10);
+}
+
 static int upstream_connection_method(px_session *s, const amqp_frame *f,
                                       uint32_t id) {
   amqp_method m;
   switch (id) {
+  case AMQP_CONNECTION_START:
+    s->broker_quorum_dlx =
+        amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+            AMQP_OK &&
+        broker_quorum_dlx(&m);
+    break;
   case AMQP_CONNECTION_TUNE:
     if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
         AMQP_OK) {

@@ -61,6 +61,9 @@ typedef struct px_defer {
   uint16_t client_ch;
   uint32_t gen; /* the channel's generation (px_chan.gen) */
   bool is_reject;
+  bool retry;      /* the counted retry is tried again once rebound's channel
+                      is ready, if that comes before due_ms */
+  const char *why; /* static: the metric's label when it is sent */
 } px_defer;
 
 /* Deferred requeues per connection at most (each is an unsettled delivery
@@ -135,31 +138,61 @@ static void emit_settle(px_session *s, px_chan *c, uint32_t id, uint64_t tag,
   px__emit_method(s, &s->upstream, c->up_ch, &m);
 }
 
+static const retry_rule *delivery_rule(px_session *s, const px_delivery *d);
+
+/* Tier and dead-letter queues known to exist with the other type than
+ * their policy's (px_server.alt_types). */
+#define PX_ALT_TYPES_MAX 4096
+
+static bool alt_type(const px_session *s, const char *name) {
+  return in_list(s->srv->alt_types, s->srv->nalt_types, name);
+}
+
+/* Are `target`'s arguments those of a quorum queue? The policy's type,
+ * unless the queue turned out to exist with the other. */
+static bool declare_quorum(const px_session *s, const retry_rule *rule,
+                           const char *target) {
+  bool q = rule && retry_use_quorum(rule->queue_type, s->broker_quorum_dlx);
+  return q != alt_type(s, target);
+}
+
+static void put_string(amqp_writer *w, const char *key, const char *value) {
+  amqp_field f = amqp_field_string(amqp_cstr(value));
+  amqp_table_write_entry(w, amqp_cstr(key), &f);
+}
+
 /* Declare a tier queue (TTL, dead-lettered back to `queue` through the
- * default exchange) or the dead-letter queue, once per connection. */
-static void ensure_queue(px_session *s, const retry_plan *plan,
-                         const char *queue) {
+ * default exchange) or the dead-letter queue, once per connection. A
+ * quorum tier dead-letters at-least-once (which needs reject-publish):
+ * what it expires reaches the source even across a broker restart. */
+static void ensure_queue(px_session *s, const retry_rule *rule,
+                         const retry_plan *plan, const char *queue) {
   uint8_t args[512];
   amqp_writer w = amqp_writer_make(args, sizeof args);
   amqp_method m;
 
   if (in_list(s->declared, s->ndeclared, plan->target))
     return;
+  bool quorum = declare_quorum(s, rule, plan->target);
+  if (quorum)
+    put_string(&w, "x-queue-type", "quorum");
   if (plan->action == RETRY_REPUBLISH) {
     amqp_field ttl = {.type = 'I'};
     ttl.v.i = plan->delay_ms;
-    amqp_field dlx = amqp_field_string(amqp_cstr(""));
-    amqp_field dlk = amqp_field_string(amqp_cstr(queue));
     amqp_table_write_entry(&w, amqp_cstr("x-message-ttl"), &ttl);
-    amqp_table_write_entry(&w, amqp_cstr("x-dead-letter-exchange"), &dlx);
-    amqp_table_write_entry(&w, amqp_cstr("x-dead-letter-routing-key"), &dlk);
+    put_string(&w, "x-dead-letter-exchange", "");
+    put_string(&w, "x-dead-letter-routing-key", queue);
+    if (quorum) {
+      put_string(&w, "x-dead-letter-strategy", "at-least-once");
+      put_string(&w, "x-overflow", "reject-publish");
+    }
   }
   amqp_method_init(&m, AMQP_QUEUE_DECLARE);
   m.args[AMQP_F_QUEUE_DECLARE_QUEUE].b =
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_QUEUE_DECLARE_DURABLE].u = 1;
   m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
-  px__emit_method(s, &s->upstream, s->own_ch, &m);
+  px__emit_method(s, px__own_side(s), s->own_ch, &m);
   list_add(&s->declared, &s->ndeclared, plan->target);
 }
 
@@ -325,21 +358,22 @@ static int publish_copy(px_session *s, px_delivery *d,
     free(frame);
     return n == -COPY_TOO_LARGE ? COPY_TOO_LARGE : -1;
   }
-  ensure_queue(s, plan, px_dl_queue(d));
+  ensure_queue(s, delivery_rule(s, d), plan, px_dl_queue(d));
   amqp_method m;
   amqp_method_init(&m, AMQP_BASIC_PUBLISH);
   m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b =
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_BASIC_PUBLISH_MANDATORY].u = 1;
-  px__emit_method(s, &s->upstream, s->own_ch, &m);
-  px__emit_frame(s, &s->upstream, AMQP_FRAME_HEADER, s->own_ch, frame,
+  px__emit_method(s, px__own_side(s), s->own_ch, &m);
+  px__emit_frame(s, px__own_side(s), AMQP_FRAME_HEADER, s->own_ch, frame,
                  (size_t)n);
   free(frame);
   const uint8_t *body = d->content + d->header_len;
   size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
   for (uint64_t off = 0; off < d->body_len; off += chunk) {
     size_t k = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
-    px__emit_frame(s, &s->upstream, AMQP_FRAME_BODY, s->own_ch, body + off, k);
+    px__emit_frame(s, px__own_side(s), AMQP_FRAME_BODY, s->own_ch, body + off,
+                   k);
   }
   return 0;
 }
@@ -502,6 +536,13 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 /* ---- requeues held back for the tier delay --------------------------------
  */
 
+static void arm_defer_timer(px_session *s);
+
+void px__retry_reopen_at(px_session *s, uint64_t due_ms) {
+  s->own_reopen_ms = due_ms;
+  arm_defer_timer(s);
+}
+
 static px_defer *defer_at(const px_session *s, uint32_t i) {
   return px_ring_at(&s->defers, sizeof(px_defer), i);
 }
@@ -521,7 +562,8 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
 }
 
 static void arm_defer_timer(px_session *s) {
-  uint64_t next = UINT64_MAX, now = uv_now(s->srv->loop);
+  uint64_t next = s->own_reopen_ms ? s->own_reopen_ms : UINT64_MAX;
+  uint64_t now = uv_now(s->srv->loop);
   for (uint32_t i = 0; i < s->defers.n; i++)
     if (defer_at(s, i)->due_ms < next)
       next = defer_at(s, i)->due_ms;
@@ -552,17 +594,21 @@ static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
 /* Hold the requeue of `d` back for its tier delay. false when it cannot
  * be (out of memory): the caller requeues now. */
 static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
-                          bool is_reject, const char *why) {
+                          bool is_reject, bool retry, const char *why) {
   if (px_ring_reserve(&s->defers, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return false;
   uint32_t ms = defer_delay(s, d);
   px_defer *f = px_ring_push(&s->defers, sizeof(px_defer));
-  *f = (px_defer){uv_now(s->srv->loop) + ms, d->tag, c->client_ch, c->gen,
-                  is_reject};
+  *f = (px_defer){uv_now(s->srv->loop) + ms,
+                  d->tag,
+                  c->client_ch,
+                  c->gen,
+                  is_reject,
+                  retry,
+                  why};
   d->state = PX_DL_DEFERRED;
   c->track.defers_pending++;
   c->held = true; /* later frames of the channel wait behind it */
-  px_metrics_inc(s->srv, PX_M_DELAYED, why, NULL);
   log_deferred(s, d, ms, why);
   arm_defer_timer(s);
   return true;
@@ -575,6 +621,7 @@ static void defer_fire(px_session *s, const px_defer *f) {
     return; /* the channel went: the broker requeued the delivery */
   emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
               true);
+  px_metrics_inc(s->srv, PX_M_DELAYED, f->why, NULL);
   px__track_settle(s, c, f->tag, false);
   if (c->track.defers_pending && --c->track.defers_pending == 0 &&
       c->track.retries_pending == 0)
@@ -601,6 +648,10 @@ void px__retry_defer_due(uv_timer_t *timer) {
   for (uint32_t i = 0; i < due.n && s->state != PX_S_CLOSED; i++)
     defer_fire(s, px_ring_at(&due, sizeof(px_defer), i));
   px_ring_free(&due);
+  if (s->own_reopen_ms && s->own_reopen_ms <= now && s->state != PX_S_CLOSED) {
+    s->own_reopen_ms = 0;
+    px__own_reopen(s);
+  }
   if (s->state != PX_S_CLOSED)
     arm_defer_timer(s);
 }
@@ -608,8 +659,8 @@ void px__retry_defer_due(uv_timer_t *timer) {
 /* Requeue `d` now (no policy, or it cannot be held back) or after its
  * delay. */
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
-                             bool is_reject, const char *why) {
-  if (d->rule && defer_requeue(s, c, d, is_reject, why))
+                             bool is_reject, bool retry, const char *why) {
+  if (d->rule && defer_requeue(s, c, d, is_reject, retry, why))
     return;
   emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
               true);
@@ -632,7 +683,7 @@ static void requeue_range(px_chan *c, uint64_t tag, bool multiple,
 }
 
 static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
-                       bool is_reject, const char *why);
+                       bool is_reject, bool retry, const char *why);
 
 /* A client's nack/reject with requeue=1. Returns PX_FORWARD (nothing to
  * retry: the frame goes on as it is), PX_HOLD (it waits for rebound's
@@ -667,7 +718,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   }
   if (any && s->own_state != PX_OWN_READY && !(multiple && t->lost) &&
       c->state == PX_CH_OPEN)
-    return defer_range(s, c, from, to, is_reject,
+    return defer_range(s, c, from, to, is_reject, true,
                        "rebound's channel not ready");
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
@@ -688,7 +739,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     px__track_observe(s, d); /* the client's decision is now */
     const char *why = try_retry(s, c, d, is_reject);
     if (why)
-      requeue_or_defer(s, c, d, is_reject, why);
+      requeue_or_defer(s, c, d, is_reject, false, why);
   }
   px__track_tidy(c);
   t->capture = 0;
@@ -700,7 +751,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
 /* Hold back the requeues of deliveries [from, to) (none can be retried
  * now). PX_DROP: the client's frame is replaced by them. */
 static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
-                       bool is_reject, const char *why) {
+                       bool is_reject, bool retry, const char *why) {
   px_track *t = &c->track;
   for (uint32_t i = from; i < to; i++) {
     px_delivery *d = px_dl_at(t, i);
@@ -708,7 +759,7 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
         d->state == PX_DL_DEFERRED)
       continue;
     px__track_observe(s, d);
-    requeue_or_defer(s, c, d, is_reject, why);
+    requeue_or_defer(s, c, d, is_reject, retry, why);
   }
   px__track_tidy(c);
   t->capture = 0;
@@ -733,7 +784,7 @@ int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
   }
   /* the requeue happens at commit; held back, it still comes before the
    * commit (the channel's later frames wait behind it) */
-  return defer_range(s, c, from, to, is_reject, "in a transaction");
+  return defer_range(s, c, from, to, is_reject, false, "in a transaction");
 }
 
 /* ---- the broker's answers --------------------------------------------------
@@ -752,6 +803,17 @@ static bool republish(px_session *s, px_chan *c, px_delivery *d,
           PX_U("delivery_tag", op->tag), PX_S("target", op->target),
           PX_S("reason", "returned by the broker: declared again"));
   return true;
+}
+
+/* Reasons a copy failed that a later copy may not meet: it was not
+ * enqueued (the broker nacked it, or rebound's channel closed before it
+ * was confirmed), so trying again once the channel is back duplicates
+ * nothing the broker confirmed. */
+static const char WHY_NACKED[] = "nacked by the broker";
+static const char WHY_CHANNEL_LOST[] = "rebound's channel was closed";
+
+static bool retry_later(const char *why) {
+  return why == WHY_NACKED || why == WHY_CHANNEL_LOST;
 }
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
@@ -791,7 +853,7 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
               PX_S("target", op->target), PX_S("reason", why),
               PX_S("action", "requeued after the tier delay"));
       if (d)
-        requeue_or_defer(s, c, d, op->is_reject, why);
+        requeue_or_defer(s, c, d, op->is_reject, retry_later(why), why);
     }
     px__track_tidy(c);
   }
@@ -830,8 +892,10 @@ static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
 }
 
 void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
+  if (ok)
+    s->own_failures = 0; /* the reopen backoff starts over */
   if (multiple) {
-    finish_prefix(s, op_lower_bound(s, seq + 1), ok, "nacked by the broker");
+    finish_prefix(s, op_lower_bound(s, seq + 1), ok, WHY_NACKED);
     return;
   }
   uint32_t i = op_lower_bound(s, seq);
@@ -842,7 +906,7 @@ void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   for (; i > 0; i--)
     *op_at(s, i) = *op_at(s, i - 1);
   *op_at(s, 0) = op;
-  finish_prefix(s, 1, ok, "nacked by the broker");
+  finish_prefix(s, 1, ok, WHY_NACKED);
 }
 
 void px__retry_deadline(uv_timer_t *timer) {
@@ -877,32 +941,93 @@ void px__retry_returned(px_session *s, amqp_bytes routing_key) {
     }
 }
 
-/* rebound's channel was closed by the broker: every copy in flight falls
- * back. A refused declare names its queue in the reply text; that queue is
- * not tried again on this connection. */
-void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
+/* The queue a channel.close's reply text names ("... queue 'NAME' ..."),
+ * into q (RETRY_NAME_MAX + 1 bytes). false when it names none. */
+static bool closed_queue(amqp_bytes text, char *q) {
   const uint8_t *p = NULL;
   for (size_t i = 0; !p && text.len >= 7 && i <= text.len - 7; i++)
     if (memcmp(text.ptr + i, "queue '", 7) == 0)
       p = text.ptr + i;
-  if (p && (code == 406 || code == 403 || code == 405)) {
-    const uint8_t *name = p + 7;
-    const uint8_t *end =
-        memchr(name, '\'', text.len - (size_t)(name - text.ptr));
-    if (end && end - name <= RETRY_NAME_MAX) {
-      char q[RETRY_NAME_MAX + 1];
-      memcpy(q, name, (size_t)(end - name));
-      q[end - name] = '\0';
+  if (!p)
+    return false;
+  const uint8_t *name = p + 7;
+  const uint8_t *end = memchr(name, '\'', text.len - (size_t)(name - text.ptr));
+  if (!end || end - name > RETRY_NAME_MAX)
+    return false;
+  memcpy(q, name, (size_t)(end - name));
+  q[end - name] = '\0';
+  return true;
+}
+
+/* A declare refused with 406: the queue exists with other arguments. The
+ * first time, it may be the other queue type (pre-declared by an operator,
+ * or by an older rebound): declared from now on with that type's
+ * arguments, by every connection. true when that is what happens. */
+static bool adapt_type(px_session *s, const char *q) {
+  px_server *srv = s->srv;
+  if (alt_type(s, q) || srv->nalt_types >= PX_ALT_TYPES_MAX)
+    return false;
+  list_add(&srv->alt_types, &srv->nalt_types, q);
+  if (!alt_type(s, q))
+    return false; /* out of memory */
+  px_info("retry_queue_type_adapted", PX_U("id", s->id), PX_S("queue", q),
+          PX_S("note", "the queue exists with other arguments: declared "
+                       "with those of the other queue type from now on"));
+  return true;
+}
+
+/* rebound's channel was closed by the broker: every copy in flight falls
+ * back (those not enqueued are tried again once it is ready). A declare
+ * refused for good (403, 405, or 406 under both queue types) names its
+ * queue in the reply text; that queue is not tried again on this
+ * connection. A 404 (the queue's home node is down) is temporary: the
+ * reopen backs off instead. Returns true when the close only taught
+ * rebound a queue's type (reopen at once). */
+bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
+  char q[RETRY_NAME_MAX + 1];
+  bool adapted = false;
+  if (closed_queue(text, q) && (code == 406 || code == 403 || code == 405)) {
+    adapted = code == 406 && adapt_type(s, q);
+    if (!adapted) {
       list_add(&s->broken, &s->nbroken, q);
       s->srv->stats.topology_errors++;
       px_error("retry_topology_error", PX_U("id", s->id), PX_S("peer", s->peer),
                PX_S("queue", q), PX_U("code", code),
-               PX_S("note", "requeues of its source pass through on this "
-                            "connection; fix or delete the queue, or "
-                            "pre-declare it with the arguments rebound uses"));
+               PX_S("note", "requeues of its source are delayed, not "
+                            "counted, on this connection; fix or delete "
+                            "the queue, or pre-declare it with the "
+                            "arguments rebound uses"));
     }
   }
   list_free(&s->declared, &s->ndeclared);
-  finish_prefix(s, s->ops.n, false, "rebound's channel was closed");
+  finish_prefix(s, s->ops.n, false, WHY_CHANNEL_LOST);
   s->own_seq = 0;
+  return adapted;
+}
+
+/* rebound's channel is ready (again): requeues held back for it get their
+ * counted retry now. */
+void px__retry_own_ready(px_session *s) {
+  for (uint32_t i = 0; i < s->defers.n && s->own_state == PX_OWN_READY;) {
+    px_defer f = *defer_at(s, i);
+    px_chan *c = px_tab_get(&s->by_client, f.client_ch);
+    px_delivery *d = f.retry && c && c->gen == f.gen && c->state == PX_CH_OPEN
+                         ? px__track_find(c, f.tag)
+                         : NULL;
+    if (!d || d->state != PX_DL_DEFERRED) {
+      i++;
+      continue;
+    }
+    d->state = PX_DL_CACHED;
+    if (try_retry(s, c, d, f.is_reject)) {
+      d->state = PX_DL_DEFERRED; /* still not: it waits for its time */
+      defer_at(s, i)->retry = false;
+      i++;
+      continue;
+    }
+    *defer_at(s, i) = *defer_at(s, s->defers.n - 1); /* order does not matter */
+    s->defers.n--;
+    c->track.defers_pending--;
+  }
+  arm_defer_timer(s);
 }

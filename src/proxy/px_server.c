@@ -484,6 +484,11 @@ void px_server_close(px_server *srv) {
 }
 
 void px_server_free(px_server *srv) {
+  for (uint32_t i = 0; i < srv->nalt_types; i++)
+    free(srv->alt_types[i]);
+  free(srv->alt_types);
+  srv->alt_types = NULL;
+  srv->nalt_types = 0;
   if (srv->argv)
     free((px_config *)srv->cfg);
   srv->cfg = NULL;

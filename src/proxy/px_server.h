@@ -114,7 +114,12 @@ typedef struct px_server {
   unsigned probe_idx;
   char probe_addr[300]; /* the address being probed */
   bool probe_busy;
-  bool upstream_ok;       /* the last probe (or session) reached one */
+  bool upstream_ok; /* the last probe (or session) reached one */
+  /* tier and dead-letter queues found to exist with the other queue type
+   * than their policy's (declared with that type's arguments from then
+   * on, by every connection); at most PX_ALT_TYPES_MAX names */
+  char **alt_types;
+  uint32_t nalt_types;
   char upstream_err[384]; /* why not, for /readyz */
 } px_server;
 

@@ -100,10 +100,13 @@ typedef struct px_session {
   uint32_t chan_gen;
 
   uint16_t own_ch;
-  uint8_t own_state;     /* px_own_state */
-  uint8_t own_failures;  /* consecutive closes before ready */
-  uint16_t yield_waiter; /* client channel waiting for own_ch's number */
-  bool yield_requested;  /* close own channel once it is ready */
+  uint8_t own_state;      /* px_own_state */
+  uint8_t own_failures;   /* closes of rebound's channel since a copy was
+                             last confirmed: the reopen backoff */
+  bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
+  uint64_t own_reopen_ms; /* when to reopen rebound's channel (0: no) */
+  uint16_t yield_waiter;  /* client channel waiting for own_ch's number */
+  bool yield_requested;   /* close own channel once it is ready */
 
   bool proxy_closing; /* we sent connection.close to the client */
   bool draining;      /* ... because rebound is shutting down */

@@ -115,7 +115,17 @@ void px__track_confirmed(px_session *s, px_chan *c, amqp_bytes payload);
 int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m);
 void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok);
 void px__retry_returned(px_session *s, amqp_bytes routing_key);
-void px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
+bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
+/* rebound's channel is ready: requeues that waited for it are retried. */
+void px__retry_own_ready(px_session *s);
+/* Reopen rebound's channel at `due_ms` (the loop's clock) through
+ * px__own_reopen() (px_frames.c), on the defer timer. */
+void px__retry_reopen_at(px_session *s, uint64_t due_ms);
+void px__own_reopen(px_session *s);
+/* The upstream connection rebound's channel is on. */
+static inline px_side *px__own_side(px_session *s) {
+  return &s->upstream;
+}
 void px__retry_free(px_session *s);
 /* The retry timer: copies not confirmed in time fall back. */
 void px__retry_deadline(uv_timer_t *timer);

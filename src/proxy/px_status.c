@@ -74,7 +74,8 @@ static void status_config(px_server *srv, px_admin_response *r) {
     px_admin_printf(r, "],\"max_attempts\":%u,\"dead_letter\":",
                     (unsigned)rule->max_attempts);
     json_string(r, rule->dead_letter);
-    px_admin_append(r, "}", 1);
+    px_admin_printf(r, ",\"queue_type\":\"%s\"}",
+                    retry_queue_type_str(rule->queue_type));
   }
   px_admin_printf(r, "]}}");
 }

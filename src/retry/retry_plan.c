@@ -16,6 +16,26 @@ const char *retry_pass_reason_str(retry_pass_reason r) {
   return "?";
 }
 
+int retry_queue_type_parse(const char *s, size_t len, retry_queue_type *out) {
+  static const char *const names[] = {"auto", "quorum", "classic"};
+  for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strlen(names[i]) == len && memcmp(names[i], s, len) == 0) {
+      *out = (retry_queue_type)i;
+      return 0;
+    }
+  return -1;
+}
+
+const char *retry_queue_type_str(retry_queue_type t) {
+  return t == RETRY_QT_QUORUM    ? "quorum"
+         : t == RETRY_QT_CLASSIC ? "classic"
+                                 : "auto";
+}
+
+bool retry_use_quorum(retry_queue_type t, bool broker_quorum_dlx) {
+  return t == RETRY_QT_QUORUM || (t == RETRY_QT_AUTO && broker_quorum_dlx);
+}
+
 void retry_rule_default(retry_rule *r) {
   memset(r, 0, sizeof *r);
   strcpy(r->globs[0], "*");

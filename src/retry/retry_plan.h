@@ -23,6 +23,24 @@
 #define RETRY_MAX_GLOBS 16
 #define RETRY_NAME_MAX 255 /* AMQP shortstr, and the broker's limit */
 
+/* The queue type of a rule's tier and dead-letter queues. AUTO: quorum
+ * where the broker dead-letters out of quorum queues at-least-once
+ * (RabbitMQ 3.10 and later), classic elsewhere. */
+typedef enum retry_queue_type {
+  RETRY_QT_AUTO,
+  RETRY_QT_QUORUM,
+  RETRY_QT_CLASSIC,
+} retry_queue_type;
+
+/* "auto", "quorum", "classic" (len bytes of s) into `*out`: 0, or -1. */
+int retry_queue_type_parse(const char *s, size_t len, retry_queue_type *out);
+const char *retry_queue_type_str(retry_queue_type t);
+
+/* Whether a rule's queues are declared as quorum queues on a broker that
+ * can (`broker_quorum_dlx`: it dead-letters out of quorum queues
+ * at-least-once) or cannot. */
+bool retry_use_quorum(retry_queue_type t, bool broker_quorum_dlx);
+
 typedef struct retry_rule {
   char globs[RETRY_MAX_GLOBS][RETRY_NAME_MAX + 1];
   unsigned nglobs;
@@ -30,6 +48,7 @@ typedef struct retry_rule {
   unsigned ntiers;
   uint32_t max_attempts;
   char dead_letter[RETRY_NAME_MAX + 1]; /* "{queue}" is replaced */
+  retry_queue_type queue_type;
 } retry_rule;
 
 typedef struct retry_policy {

@@ -169,6 +169,13 @@ class Broker:
                 return int(r[1]), int(r[2]), int(r[3])
         return None
 
+    def queue_type(self, name):
+        """"classic" or "quorum" (None: no such queue)."""
+        for r in self._rows("list_queues", "name", "type"):
+            if r[0] == name:
+                return r[1]
+        return None
+
     def queue_names(self):
         return {r[0] for r in self._rows("list_queues", "name")}
 

@@ -18,17 +18,26 @@ from retryhelp import (PoisonConsumer, direct, dlq, expected_gaps, queues,
 assert direct  # a fixture
 
 
-def expect_topology(direct, q, delays_named):
+def expect_topology(direct, ctl, q, delays_named):
     """The tier queues and the DLQ exist with exactly the arguments of
     DESIGN.md contract item 8 (a redeclare with other arguments would be
-    refused with 406)."""
+    refused with 406). With the default queue type on RabbitMQ 3.10 they
+    are quorum queues, the tiers dead-lettering at-least-once."""
     for name, ms in delays_named.items():
-        args = {"x-message-ttl": ms, "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": q}
+        args = {"x-queue-type": "quorum", "x-message-ttl": ms,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": q,
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish"}
+        assert ctl.queue_type(name) == "quorum", name
         assert direct.declare_ok(name, durable=True, arguments=args), name
         assert not direct.declare_ok(name, durable=True, arguments=dict(
             args, **{"x-message-ttl": ms + 1})), name
-    assert direct.declare_ok(dlq(q), durable=True, arguments={})
+        assert not direct.declare_ok(name, durable=True, arguments=dict(
+            args, **{"x-dead-letter-strategy": "at-most-once"})), name
+    assert ctl.queue_type(dlq(q)) == "quorum"
+    assert direct.declare_ok(dlq(q), durable=True,
+                             arguments={"x-queue-type": "quorum"})
     assert not direct.declare_ok(dlq(q), durable=True,
                                  arguments={"x-message-ttl": 1000})
 
@@ -50,7 +59,7 @@ def test_poison_default_policy_exactly_max_attempts(rebound_factory, broker,
     assert [p["target"] for p in published] == \
         [tier(q, "1s"), tier(q, "2s"), tier(q, "4s")], published
     assert [p["target"] for p in dead] == [dlq(q)], dead
-    expect_topology(direct, q, {tier(q, "1s"): 1000, tier(q, "2s"): 2000,
+    expect_topology(direct, ctl, q, {tier(q, "1s"): 1000, tier(q, "2s"): 2000,
                                 tier(q, "4s"): 4000})
 
 

@@ -297,8 +297,10 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
     copy, so rebound falls back -- the delivery is requeued by the broker
     once the tier delay has passed (never at once: that would be a hot
     loop), logged retry_fallback "nacked by the broker" -- and nothing is
-    lost; the client's channel is fine."""
-    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "3")
+    lost; the client's channel is fine. Classic tiers: the operator policy
+    is one RabbitMQ applies to them at once."""
+    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "3",
+                         "--retry-queue-type", "classic")
     q = direct.own(rbtest.uniq("refuse"))
     policy = "rbt-refuse-" + q
     direct.ch.queue_declare(q, durable=True)
