@@ -15,6 +15,7 @@
 #include "px_config.h"
 #include "px_log.h"
 #include "px_metrics.h"
+#include "px_pub.h"
 #include "px_server.h"
 
 static void print_version(void) {
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
     px_server_close(&srv);         /* then let the close callbacks run; a late
                                     * signal no longer interrupts that */
   }
+  px_pub_close_all();
   uv_walk(&loop, close_walk, NULL);
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
     ;

@@ -178,6 +178,13 @@ static int parse_QUEUE_TYPE(px_config *c, const char *v) {
   return retry_queue_type_parse(v, strlen(v), &c->override.rule.queue_type);
 }
 
+static int parse_CONN_MODE(bool *shared, const char *v) {
+  if (strcmp(v, "separate") != 0 && strcmp(v, "shared") != 0)
+    return -1;
+  *shared = v[1] == 'h';
+  return 0;
+}
+
 /* "auto" (0: px_server sizes it from the file descriptor limit) or a
  * count. */
 static int parse_LIMIT(uint32_t *field, const char *v) {
@@ -210,6 +217,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
 #define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
 #define PARSE_QUEUE_TYPE(c, field, v) parse_QUEUE_TYPE(c, v)
+#define PARSE_CONN_MODE(c, field, v) parse_CONN_MODE(&(c)->field, v)
 
 /* What a valid value of each type looks like, for error messages. */
 #define EXPECT_PATH "a file path"
@@ -226,6 +234,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
 #define EXPECT_QUEUE_TYPE "auto, quorum or classic"
+#define EXPECT_CONN_MODE "separate or shared"
 
 static const struct option_desc {
   const char *flag, *env, *key, *def, *help, *expect;

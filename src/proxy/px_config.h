@@ -37,6 +37,7 @@ typedef struct px_config {
   char config_path[1024];
   bool admin_on;
   px_addr admin;
+  bool retry_shared; /* copies on the client's upstream connection */
 
   /* the retry policy: header prefix and rules, first match wins */
   retry_policy retry;
@@ -97,7 +98,12 @@ typedef struct px_config {
   X(retry_queue_type, "retry-queue-type", "REBOUND_RETRY_QUEUE_TYPE", NULL,    \
     QUEUE_TYPE, NULL,                                                          \
     "type of tier and dead-letter queues: auto (quorum where the broker "      \
-    "dead-letters them at-least-once), quorum or classic")
+    "dead-letters them at-least-once), quorum or classic")                     \
+  X(retry_shared, "retry-connection", "REBOUND_RETRY_CONNECTION",              \
+    "retry_connection", CONN_MODE, "shared",                                   \
+    "shared: copies go on the client's upstream connection; separate: on a "   \
+    "second one per client, logged in as the client, so a broker that "        \
+    "blocks publishing (resource alarm) never stops the client's acks")
 
 typedef enum px_config_result {
   PX_CONFIG_OK,

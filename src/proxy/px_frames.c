@@ -30,9 +30,15 @@ static bool own_active(const px_session *s) {
          s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING;
 }
 
+/* Is rebound's channel on the client's upstream connection (a number
+ * there is taken)? */
+static bool own_on_main(const px_session *s) {
+  return own_active(s) && !s->own_on_pub;
+}
+
 /* Is upstream channel `n` unused, by the client and by rebound? */
 static bool up_free(const px_session *s, uint32_t n) {
-  return !(n == s->own_ch && own_active(s)) &&
+  return !(n == s->own_ch && own_on_main(s)) &&
          !px_tab_get(&s->by_up, (uint16_t)n);
 }
 
@@ -60,9 +66,30 @@ int px__client_error(px_session *s, uint16_t code, const char *text,
 
 static void release_own_waiters(px_session *s);
 
+static void pub_open(px_session *s);
+
+/* Open rebound's channel: on the separate retry connection (connecting
+ * it first), or on the client's connection on a number the client has
+ * not opened. */
 static void own_open(px_session *s) {
   amqp_method m;
   uint16_t n = 0;
+  s->own_seq = 0; /* confirm.select numbers publishes from 1 */
+  if (!s->srv->cfg->retry_shared && !s->pub_failed) {
+    s->own_on_pub = true;
+    s->own_ch = 1;
+    s->own_state = PX_OWN_OPENING;
+    if (!s->pub) {
+      pub_open(s); /* channel.open once it is logged in */
+      return;
+    }
+    if (s->pub_ready) {
+      amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+      px__emit_method(s, NULL, 1, &m);
+    }
+    return;
+  }
+  s->own_on_pub = false;
   for (uint32_t k = s->channel_max; k >= 1 && !n; k--)
     if (!px_tab_get(&s->by_up, (uint16_t)k) &&
         !px_tab_get(&s->by_client, (uint16_t)k))
@@ -74,9 +101,14 @@ static void own_open(px_session *s) {
   }
   s->own_ch = n;
   s->own_state = PX_OWN_OPENING;
-  s->own_seq = 0; /* confirm.select numbers publishes from 1 */
   amqp_method_init(&m, AMQP_CHANNEL_OPEN);
   px__emit_method(s, &s->upstream, n, &m);
+}
+
+void px__own_want(px_session *s) {
+  if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms &&
+      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone)
+    own_open(s);
 }
 
 static void own_yield_now(px_session *s) {
@@ -185,7 +217,7 @@ static int own_frame(px_session *s, const amqp_frame *f) {
   case AMQP_CHANNEL_OPEN_OK:
     s->own_state = PX_OWN_SELECTING;
     amqp_method_init(&m, AMQP_CONFIRM_SELECT);
-    px__emit_method(s, &s->upstream, s->own_ch, &m);
+    px__emit_method(s, px__own_side(s), s->own_ch, &m);
     break;
   case AMQP_CONFIRM_SELECT_OK:
     s->own_state = PX_OWN_READY;
@@ -217,6 +249,94 @@ static int own_frame(px_session *s, const amqp_frame *f) {
     break; /* confirms and returns for rebound's publishes */
   }
   return PX_DROP;
+}
+
+/* ---- the separate retry connection (px_pub.h) -------------------------
+ */
+
+static int own_frame(px_session *s, const amqp_frame *f);
+
+static void pub_ready(void *ctx) {
+  px_session *s = ctx;
+  s->pub_ready = true;
+  s->srv->stats.retry_connections_total++;
+  px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("upstream", s->upstream_addr));
+  if (s->own_state == PX_OWN_OPENING && s->own_on_pub) {
+    amqp_method m;
+    amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+    px__emit_method(s, NULL, 1, &m);
+  }
+  px__session_flush(s);
+}
+
+static void pub_frame(void *ctx, const amqp_frame *f) {
+  px_session *s = ctx;
+  if (s->own_on_pub && f->channel == s->own_ch && own_active(s))
+    own_frame(s, f);
+  px__session_flush(s);
+}
+
+static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
+  px_session *s = ctx;
+  px__retry_blocked(s, blocked, reason, "retry connection");
+  px__session_flush(s);
+}
+
+/* The retry connection failed or was closed. Never logged in: rebound's
+ * channel goes on the client's connection. Lost later: it is opened again
+ * after the backoff; copies in flight fall back meanwhile. */
+static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
+  px_session *s = ctx;
+  bool was_ready = s->pub_ready;
+  px_pub_close(s->pub);
+  s->pub = NULL;
+  s->pub_ready = false;
+  px__retry_blocked(s, false, amqp_cstr(""), "retry connection");
+  if (!was_ready) {
+    s->pub_failed = true;
+    s->srv->stats.retry_connection_failures++;
+  }
+  px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("upstream", s->upstream_addr), PX_S("error", why),
+          PX_B("text", text.ptr, text.len),
+          PX_S("action", was_ready ? "reconnect after a backoff"
+                                   : "copies go on the client's connection"));
+  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
+  s->own_state = PX_OWN_NONE;
+  if (own)
+    px__retry_own_lost(s, 0, text);
+  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
+    if (!was_ready)
+      own_open(s);
+    else
+      px__retry_reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
+  }
+  release_own_waiters(s);
+  px__session_flush(s);
+}
+
+static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,
+                                         pub_lost};
+
+static void pub_open(px_session *s) {
+  s->login.frame_max = s->frame_max;
+  s->login.peer = s->peer;
+  s->pub_ready = false;
+  s->pub = s->login_auth
+               ? px_pub_open(s->srv->loop, (struct sockaddr *)&s->upstream_sa,
+                             &s->login, &pub_events, s)
+               : NULL;
+  if (s->pub)
+    return;
+  s->pub_failed = true;
+  s->srv->stats.retry_connection_failures++;
+  px_warn("retry_connection_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("upstream", s->upstream_addr),
+          PX_S("error", s->login_auth ? "cannot be set up"
+                                      : "the client's login was not kept"),
+          PX_S("action", "copies go on the client's connection"));
+  own_open(s);
 }
 
 /* ---- channels ----------------------------------------------------------- */
@@ -283,7 +403,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     }
     return PX_FORWARD;
   }
-  if (!own_active(s) || s->yield_waiter) {
+  if (!own_on_main(s) || s->yield_waiter) {
     free(c); /* no number left at all: the broker decides */
     return PX_FORWARD;
   }
@@ -335,6 +455,29 @@ static void record_user(px_session *s, const amqp_method *m) {
            user.ptr ? (const char *)user.ptr : "");
 }
 
+/* Keep what the client logged in with, for the separate retry connection
+ * (px_pub.h): its mechanism, response and locale. Only with
+ * retry_connection separate; wiped when the session is freed. */
+static void keep_login(px_session *s, const amqp_method *m) {
+  amqp_bytes f[3] = {m->args[AMQP_F_CONNECTION_START_OK_MECHANISM].b,
+                     m->args[AMQP_F_CONNECTION_START_OK_RESPONSE].b,
+                     m->args[AMQP_F_CONNECTION_START_OK_LOCALE].b};
+  amqp_bytes *dst[3] = {&s->login.mechanism, &s->login.response,
+                        &s->login.locale};
+  if (s->srv->cfg->retry_shared || s->login_auth)
+    return;
+  size_t total = f[0].len + f[1].len + f[2].len;
+  if (!(s->login_auth = malloc(total ? total : 1)))
+    return;
+  uint8_t *o = s->login_auth;
+  for (int i = 0; i < 3; i++) {
+    if (f[i].len)
+      memcpy(o, f[i].ptr, f[i].len);
+    *dst[i] = (amqp_bytes){o, f[i].len};
+    o += f[i].len;
+  }
+}
+
 static int client_tune_ok(px_session *s, const amqp_method *m) {
   if (s->by_client.blocks || s->state != PX_S_HANDSHAKE)
     return px__client_error(
@@ -381,11 +524,17 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
   switch (id) {
   case AMQP_CONNECTION_START_OK:
     record_user(s, &m);
+    keep_login(s, &m);
     break;
   case AMQP_CONNECTION_TUNE_OK:
     return client_tune_ok(s, &m);
   case AMQP_CONNECTION_OPEN: {
     amqp_bytes v = m.args[AMQP_F_CONNECTION_OPEN_VIRTUAL_HOST].b;
+    free(s->login_vhost);
+    s->login_vhost = v.len ? malloc(v.len) : NULL;
+    if (s->login_vhost)
+      memcpy(s->login_vhost, v.ptr, v.len);
+    s->login.vhost = (amqp_bytes){s->login_vhost, s->login_vhost ? v.len : 0};
     snprintf(s->vhost, sizeof s->vhost, "%.*s",
              (int)(v.len > 100 ? 100 : v.len), (const char *)v.ptr);
     break;
@@ -522,7 +671,7 @@ static int client_frame_chan_closing(px_session *s, px_chan *c, uint8_t *raw,
 /* Is upstream channel `n` carrying something else than the client's own
  * channel `n` (rebound's channel, or a client channel moved there)? */
 static bool up_taken(const px_session *s, uint16_t n) {
-  return (n == s->own_ch && own_active(s)) || px_tab_get(&s->by_up, n);
+  return (n == s->own_ch && own_on_main(s)) || px_tab_get(&s->by_up, n);
 }
 
 /* A frame on a channel the client has not opened. Where that number
@@ -542,6 +691,36 @@ static bool closing_ignores(const px_session *s, const amqp_frame *f,
   return s->state == PX_S_CLOSING &&
          !(f->channel == 0 &&
            (id == AMQP_CONNECTION_CLOSE || id == AMQP_CONNECTION_CLOSE_OK));
+}
+
+/* May this frame of a held channel go past the retries it waits for? A
+ * settle (ack, nack, reject) that covers no delivery being retried or held
+ * back, when nothing of the channel is queued yet: it cannot overtake
+ * rebound's ack of an original, and the client's own order is kept. So a
+ * consumer's acks keep flowing while a copy waits for its confirm. */
+static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
+  amqp_method m;
+  if ((id != AMQP_BASIC_ACK && id != AMQP_BASIC_NACK &&
+       id != AMQP_BASIC_REJECT) ||
+      c->nhold || c->open_held || c->in_release || c->tx ||
+      c->state != PX_CH_OPEN || amqp_method_decode(f->payload, &m) != AMQP_OK)
+    return false;
+  uint64_t tag = id == AMQP_BASIC_ACK ? m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u
+                 : id == AMQP_BASIC_NACK
+                     ? m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u
+                     : m.args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u;
+  bool multiple = id == AMQP_BASIC_ACK    ? m.args[AMQP_F_BASIC_ACK_MULTIPLE].u
+                  : id == AMQP_BASIC_NACK ? m.args[AMQP_F_BASIC_NACK_MULTIPLE].u
+                                          : false;
+  uint32_t from = multiple ? 0 : px__track_index(c, tag);
+  uint32_t to = multiple ? px__track_upto(c, tag) : from + 1;
+  for (uint32_t i = from; i < to && i < c->track.dl.r.n; i++) {
+    const px_delivery *d = px_dl_at(&c->track, i);
+    if ((multiple || d->tag == tag) &&
+        (d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED))
+      return false;
+  }
+  return true;
 }
 
 int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
@@ -564,7 +743,8 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
     return px__client_error(
         s, 503, "COMMAND_INVALID - connection method on a channel", id);
   px_chan *c = px_tab_get(&s->by_client, f->channel);
-  if (c && c->held) { /* waits, unexamined, until released */
+  if (c && c->held && !may_overtake(c, f, id)) { /* waits, unexamined,
+                                                     until released */
     *hold_chan = c;
     return PX_HOLD;
   }
@@ -670,7 +850,8 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     px__set_state(s, PX_S_OPEN);
     px__handshake_done(s);
     log_open(s);
-    own_open(s);
+    if (s->srv->cfg->retry_shared)
+      own_open(s); /* else at the first delivery kept for retry */
     break;
   case AMQP_CONNECTION_CLOSE:
     if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
@@ -684,6 +865,17 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
     px__finishing(s, "client closed the connection");
+    break;
+  case AMQP_CONNECTION_BLOCKED:
+  case AMQP_CONNECTION_UNBLOCKED:
+    if (!s->own_on_pub &&
+        amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+            AMQP_OK)
+      px__retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
+                        id == AMQP_CONNECTION_BLOCKED
+                            ? m.args[AMQP_F_CONNECTION_BLOCKED_REASON].b
+                            : amqp_cstr(""),
+                        "client's upstream connection");
     break;
   }
   return PX_FORWARD;
@@ -723,7 +915,7 @@ static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
 }
 
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
-  if (f->channel != 0 && f->channel == s->own_ch && own_active(s))
+  if (f->channel != 0 && f->channel == s->own_ch && own_on_main(s))
     return own_frame(s, f); /* confirms of copies in flight still count */
   if (f->type == AMQP_FRAME_METHOD && f->channel == 0 &&
       (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
@@ -783,7 +975,7 @@ int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
     return s->client_gone ? PX_DROP : PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
-  if (f->channel != 0 && f->channel == s->own_ch && own_active(s))
+  if (f->channel != 0 && f->channel == s->own_ch && own_on_main(s))
     return own_frame(s, f);
   if (s->client_gone)
     return PX_DROP; /* only rebound's own traffic matters now */

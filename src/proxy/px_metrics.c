@@ -48,7 +48,15 @@
   X(connections_refused, "rebound_client_connections_refused_total",           \
     "counter", "Client connections refused over --max-connections")            \
   X(accept_errors, "rebound_accept_errors_total", "counter",                   \
-    "Failed accepts of client connections (e.g. out of file descriptors)")
+    "Failed accepts of client connections (e.g. out of file descriptors)")     \
+  X(upstream_blocked_total, "rebound_upstream_blocked_total", "counter",       \
+    "Times the broker blocked the connection rebound publishes copies on")     \
+  X(retry_connections_total, "rebound_retry_connections_total", "counter",     \
+    "Separate connections opened for retry copies")                            \
+  X(retry_connection_failures, "rebound_retry_connection_failures_total",      \
+    "counter",                                                                 \
+    "Separate retry connections that could not log in (copies then go on "     \
+    "the client's connection)")
 
 /* Upper bounds of the histogram buckets, microseconds. */
 static const uint64_t bucket_us[PX_HIST_BUCKETS] = {
@@ -265,11 +273,13 @@ static void gauge(px_admin_response *r, const char *name, const char *help,
 
 void px_metrics_render(px_server *srv, px_admin_response *r) {
   const px_stats *st = &srv->stats;
-  unsigned upstream = 0, pending = 0, delayed = 0;
+  unsigned upstream = 0, pending = 0, delayed = 0, blocked = 0, pubs = 0;
   for (px_session *s = srv->sessions; s; s = s->next) {
     upstream += s->upstream.connected;
     pending += s->ops.n;
     delayed += s->defers.n;
+    blocked += s->own_blocked;
+    pubs += s->pub_ready;
   }
   r->content_type = "text/plain; version=0.0.4; charset=utf-8";
 #define PX__SCALAR(field, name, type, help)                                    \
@@ -283,6 +293,12 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         "Copies published and awaiting the broker's confirm", pending);
   gauge(r, "rebound_requeues_delayed",
         "Requeues held back for their tier delay", delayed);
+  gauge(r, "rebound_upstream_blocked",
+        "Connections rebound publishes copies on that the broker blocks now "
+        "(resource alarm)",
+        blocked);
+  gauge(r, "rebound_retry_connections",
+        "Separate connections for retry copies, logged in", pubs);
   render_labelled(srv, r);
   render_histograms(srv, r);
   gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",

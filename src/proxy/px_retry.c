@@ -69,6 +69,8 @@ typedef struct px_defer {
 /* Deferred requeues per connection at most (each is an unsettled delivery
  * of a channel, bounded there first). */
 #define PX_DEFERS_MAX (1u << 24)
+/* px_defer.due_ms of a retry waiting for the broker to unblock. */
+#define PX_DUE_UNBLOCKED UINT64_MAX
 /* At most one retry_requeue_delayed line per this many ms, process-wide. */
 #define PX_DEFER_LOG_MS 10000
 
@@ -383,7 +385,8 @@ static int publish_copy(px_session *s, px_delivery *d,
 
 static void arm_deadline(px_session *s) {
   uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
-  if (s->ops.n == 0) {
+  if (s->ops.n == 0 || s->own_blocked) { /* blocked: px__retry_blocked
+                                            re-arms it when that ends */
     uv_timer_stop(&s->retry_timer);
     return;
   }
@@ -575,7 +578,7 @@ static void arm_defer_timer(px_session *s) {
 }
 
 static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
-                         const char *why) {
+                         bool until_unblocked, const char *why) {
   static uint64_t last_ms, unlogged;
   uint64_t now = uv_now(s->srv->loop);
   if (last_ms && now - last_ms < PX_DEFER_LOG_MS) {
@@ -584,9 +587,13 @@ static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
   }
   px_warn("retry_requeue_delayed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", px_dl_queue(d)), PX_S("reason", why),
-          PX_U("delay_ms", ms), PX_U("unlogged", unlogged),
-          PX_S("note", "no counted retry: the broker gets the requeue once "
-                       "the tier delay has passed"));
+          PX_U("delay_ms", until_unblocked ? 0 : ms),
+          PX_U("unlogged", unlogged),
+          PX_S("note", until_unblocked
+                           ? "the counted retry waits until the broker "
+                             "unblocks publishing"
+                           : "no counted retry: the broker gets the requeue "
+                             "once the tier delay has passed"));
   last_ms = now;
   unlogged = 0;
 }
@@ -599,17 +606,15 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
     return false;
   uint32_t ms = defer_delay(s, d);
   px_defer *f = px_ring_push(&s->defers, sizeof(px_defer));
-  *f = (px_defer){uv_now(s->srv->loop) + ms,
-                  d->tag,
-                  c->client_ch,
-                  c->gen,
-                  is_reject,
-                  retry,
-                  why};
+  /* while the broker blocks publishing, a retry waits for it to unblock
+   * (then it is counted), however long that takes */
+  uint64_t due =
+      retry && s->own_blocked ? PX_DUE_UNBLOCKED : uv_now(s->srv->loop) + ms;
+  *f = (px_defer){due, d->tag, c->client_ch, c->gen, is_reject, retry, why};
   d->state = PX_DL_DEFERRED;
   c->track.defers_pending++;
   c->held = true; /* later frames of the channel wait behind it */
-  log_deferred(s, d, ms, why);
+  log_deferred(s, d, ms, due == PX_DUE_UNBLOCKED, why);
   arm_defer_timer(s);
   return true;
 }
@@ -654,6 +659,7 @@ void px__retry_defer_due(uv_timer_t *timer) {
   }
   if (s->state != PX_S_CLOSED)
     arm_defer_timer(s);
+  px__session_flush(s);
 }
 
 /* Requeue `d` now (no policy, or it cannot be held back) or after its
@@ -716,10 +722,11 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     c->held = true;
     return PX_HOLD;
   }
-  if (any && s->own_state != PX_OWN_READY && !(multiple && t->lost) &&
-      c->state == PX_CH_OPEN)
+  if (any && (s->own_state != PX_OWN_READY || s->own_blocked) &&
+      !(multiple && t->lost) && c->state == PX_CH_OPEN)
     return defer_range(s, c, from, to, is_reject, true,
-                       "rebound's channel not ready");
+                       s->own_blocked ? "broker blocks publishing"
+                                      : "rebound's channel not ready");
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
@@ -911,6 +918,8 @@ void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
 
 void px__retry_deadline(uv_timer_t *timer) {
   px_session *s = timer->data;
+  if (s->own_blocked) /* the broker reads nothing: no copy is late */
+    return;
   uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
   uint64_t now = now_us();
   uint32_t n = 0;
@@ -922,6 +931,43 @@ void px__retry_deadline(uv_timer_t *timer) {
   finish_prefix(s, n, false, "confirm timeout");
   if (n == 0)
     arm_deadline(s);
+  px__session_flush(s);
+}
+
+void px__retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
+                       const char *which) {
+  if (blocked == s->own_blocked)
+    return;
+  uint64_t now = uv_now(s->srv->loop);
+  s->own_blocked = blocked;
+  if (blocked) {
+    s->blocked_since_ms = now;
+    s->srv->stats.upstream_blocked_total++;
+    px_warn("upstream_blocked", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_S("connection", which), PX_B("reason", reason.ptr, reason.len),
+            PX_U("copies_waiting", s->ops.n),
+            PX_S("note", "retries wait until the broker unblocks it"));
+    return;
+  }
+  px_info("upstream_unblocked", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("connection", which),
+          PX_U("blocked_ms", now - s->blocked_since_ms));
+  /* copies in flight get a whole confirm timeout from now */
+  uint64_t us = now_us();
+  for (uint32_t i = 0; i < s->ops.n; i++)
+    op_at(s, i)->started_us = us;
+  arm_deadline(s);
+  px__retry_own_ready(s);
+  /* those still not retried (rebound's channel is not ready) wait for
+   * their tier delay from now, as any held-back requeue */
+  for (uint32_t i = 0; i < s->defers.n; i++) {
+    px_defer *f = defer_at(s, i);
+    px_chan *c = px_tab_get(&s->by_client, f->client_ch);
+    px_delivery *d = c ? px__track_find(c, f->tag) : NULL;
+    if (f->due_ms == PX_DUE_UNBLOCKED)
+      f->due_ms = now + (d ? defer_delay(s, d) : 1000);
+  }
+  arm_defer_timer(s);
 }
 
 void px__retry_returned(px_session *s, amqp_bytes routing_key) {
@@ -1008,7 +1054,8 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
 void px__retry_own_ready(px_session *s) {
-  for (uint32_t i = 0; i < s->defers.n && s->own_state == PX_OWN_READY;) {
+  for (uint32_t i = 0;
+       i < s->defers.n && s->own_state == PX_OWN_READY && !s->own_blocked;) {
     px_defer f = *defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f.client_ch);
     px_delivery *d = f.retry && c && c->gen == f.gen && c->state == PX_CH_OPEN

@@ -38,8 +38,12 @@ typedef struct px_stats {
   uint64_t topology_errors;        /* declares the broker refused */
   uint64_t frames_c2u, frames_u2c; /* frames read from clients / broker */
   uint64_t bytes_c2u, bytes_u2c;
-  uint64_t connections_refused; /* over --max-connections */
-  uint64_t accept_errors;       /* accept() failed (fd limit, ...) */
+  uint64_t connections_refused;       /* over --max-connections */
+  uint64_t accept_errors;             /* accept() failed (fd limit, ...) */
+  uint64_t upstream_blocked_total;    /* connection.blocked for rebound's
+                                         channel's connection */
+  uint64_t retry_connections_total;   /* separate retry connections opened */
+  uint64_t retry_connection_failures; /* ... that could not log in */
 } px_stats;
 
 #define PX_HIST_BUCKETS 13

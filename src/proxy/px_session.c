@@ -75,7 +75,17 @@ void px__set_state(px_session *s, px_state state) {
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* Free a copy of credentials, wiped first. */
+static void free_secret(uint8_t *p, size_t len) {
+  if (p)
+    memset(p, 0, len);
+  free(p);
+}
+
 static void session_free(px_session *s) {
+  free_secret(s->login_auth, s->login.mechanism.len + s->login.response.len +
+                                 s->login.locale.len);
+  free(s->login_vhost);
   px__chans_free(s);
   px__retry_free(s);
   if (s->conn_held)
@@ -133,6 +143,9 @@ void px_session_close(px_session *s, const char *reason) {
   uv_close((uv_handle_t *)&s->defer_timer, on_handle_closed);
   side_close(&s->client);
   side_close(&s->upstream);
+  px_pub_close(s->pub);
+  s->pub = NULL;
+  s->pub_ready = false;
   if (s->gai_pending)
     uv_cancel((uv_req_t *)&s->gai);
   /* unlink now: a closing session no longer counts or drains */
@@ -158,20 +171,33 @@ static void on_retries_timeout(uv_timer_t *t) {
                           : "client disconnected (retries pending timed out)");
 }
 
-/* Nothing more is written to the client (it is gone). */
+static void side_pressure(px_side *side);
+
+/* Nothing more is written to the client (it is gone). Reading the broker
+ * resumes if the client's backlog had paused it: the confirms of copies
+ * in flight must get through. */
 static void client_stop_writing(px_session *s) {
   s->client.connected = false;
   for (unsigned i = 0; i < s->client.nout; i++)
     px_chunk_unref(s->client.out[i].chunk);
   s->client.nout = 0;
+  side_pressure(&s->client);
 }
 
 /* The client is gone (EOF, a reset, a failed write) while copies are in
  * flight: finish them (publish, confirm, ack) before the upstream closes,
  * for at most retry_finish_timeout. false when there is nothing to finish
  * (or no broker to finish it with). */
+/* Retries to finish: copies in flight, or requeues waiting for rebound's
+ * channel, which is being opened, to start theirs. */
+static bool retries_waiting(const px_session *s) {
+  bool opening =
+      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
+  return s->ops.n > 0 || (opening && (s->n_own_waiters || s->defers.n));
+}
+
 static bool client_gone_finish(px_session *s, bool write_failed) {
-  if (s->ops.n == 0 || !s->upstream.connected || s->client_gone)
+  if (!retries_waiting(s) || !s->upstream.connected || s->client_gone)
     return s->client_gone;
   s->client_gone = true;
   s->client_write_failed = write_failed;
@@ -249,6 +275,8 @@ static void side_write_failed(px_side *side, int err) {
  * client frames held on channels (they are sent once released). */
 static size_t side_pending(const px_side *side) {
   const px_session *s = side->s;
+  if (side == &s->client && (s->client_gone || s->client_write_failed))
+    return 0; /* nothing more reaches it: the broker is read again */
   return side->inflight + (side == &s->upstream ? s->held_bytes : 0);
 }
 
@@ -390,7 +418,17 @@ static void run_flush(px_session *s) {
   s->run.start = s->run.end;
 }
 
+/* Frames for rebound's channel on the separate retry connection. */
+static void pub_emit(px_session *s, const uint8_t *data, size_t len) {
+  if (s->pub && px_pub_write(s->pub, data, len) != 0)
+    px_session_close(s, "out of memory");
+}
+
 void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
+  if (!side) {
+    pub_emit(s, data, len);
+    return;
+  }
   if (s->run.to == side)
     run_flush(s);
   px_chunk *c = px_chunk_new(len);
@@ -406,7 +444,7 @@ void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
 
 void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
                     const uint8_t *payload, size_t len) {
-  if (s->run.to == side)
+  if (side && s->run.to == side)
     run_flush(s);
   px_chunk *c = px_chunk_new(len + AMQP_FRAME_OVERHEAD);
   if (!c) {
@@ -415,11 +453,22 @@ void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
   }
   long n =
       amqp_frame_write(c->data, c->cap, type, ch, (amqp_bytes){payload, len});
-  if (n > 0) {
+  if (n > 0 && !side)
+    pub_emit(s, c->data, (size_t)n);
+  else if (n > 0) {
     c->len = (uint32_t)n;
     side_queue(side, c, c->data, (uint32_t)n);
   }
   px_chunk_unref(c);
+}
+
+void px__session_flush(px_session *s) {
+  if (s->state != PX_S_CLOSED)
+    side_flush(&s->upstream);
+  if (s->state != PX_S_CLOSED)
+    side_flush(&s->client);
+  if (s->state != PX_S_CLOSED)
+    side_pressure(&s->upstream);
 }
 
 void px__emit_method(px_session *s, px_side *side, uint16_t ch,
@@ -495,8 +544,15 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
     px_session_close(side->s, side->s->close_reason);
 }
 
-/* Shut down the write side of a lingering side once its output is out. */
+/* Shut down the write side of a lingering side once its output is out.
+ * The broker, once rebound has sent it connection.close, only after its
+ * close-ok: a broker that sees the socket end first drops the connection
+ * as "unexpectedly closed", and acks it had read but not yet handled may
+ * be lost (the delivery requeued, a duplicate of a confirmed copy). */
 static void side_shutdown(px_side *side) {
+  px_session *s = side->s;
+  if (side == &s->upstream && s->up_close_sent && !s->up_close_answered)
+    return;
   if (side->shut || !side->connected)
     return;
   side->shut = true;
@@ -552,6 +608,8 @@ void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
 void px__emit_close(px_session *s, px_side *side, uint16_t code,
                     const char *text, uint16_t class_id, uint16_t method_id) {
   amqp_method m;
+  if (side == &s->upstream)
+    s->up_close_sent = true;
   amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = code;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
@@ -665,10 +723,37 @@ static void input_error(px_session *s, px_side *from, long status) {
 }
 
 /* Parse and dispatch every whole frame in `from`'s chunk. */
+/* A lingering upstream that was sent connection.close: look for its
+ * answer; once it came, the write side may be shut down. */
+static void await_close_ok(px_session *s, px_chunk *c) {
+  while (!s->up_close_answered) {
+    amqp_frame f;
+    long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
+                              frame_limit(s, &s->upstream), &f);
+    if (n <= 0) {
+      if (n != AMQP_PARTIAL)
+        c->off = c->len;
+      return;
+    }
+    c->off += (uint32_t)n;
+    uint32_t id =
+        f.type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f.payload) : 0;
+    if (f.channel == 0 &&
+        (id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE)) {
+      s->up_close_answered = true;
+      if (s->upstream.inflight == 0 && s->upstream.nout == 0)
+        side_shutdown(&s->upstream);
+    }
+  }
+}
+
 static void process_input(px_session *s, px_side *from) {
   px_chunk *c = from->in;
   px_side *to = other_side(s, from);
 
+  if (from == &s->upstream && from->lingering && s->up_close_sent &&
+      !s->up_close_answered)
+    await_close_ok(s, c);
   if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
     c->off = c->len; /* after close-ok: read and dropped, as the broker */
     return;
@@ -878,6 +963,9 @@ static void on_connect(uv_connect_t *req, int status) {
 }
 
 static void connect_to(px_session *s, const struct sockaddr *sa) {
+  memcpy(&s->upstream_sa, sa,
+         sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                   : sizeof(struct sockaddr_in));
   int rc = uv_tcp_init(s->srv->loop, &s->upstream.tcp);
   if (rc == 0) {
     s->upstream.tcp.data = s;

@@ -20,6 +20,7 @@
 
 #include "px_buf.h"
 #include "px_chan.h"
+#include "px_pub.h"
 #include "px_ring.h"
 
 struct px_server;
@@ -104,6 +105,19 @@ typedef struct px_session {
   uint8_t own_failures;   /* closes of rebound's channel since a copy was
                              last confirmed: the reopen backoff */
   bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
+  /* retry_connection separate (px_pub.h): rebound's channel on a
+   * connection of its own, logged in as the client */
+  px_pub *pub;
+  bool own_on_pub;  /* rebound's channel is (or is being) opened on pub */
+  bool pub_ready;   /* pub is logged in */
+  bool pub_failed;  /* logging in there failed: on the client's from now */
+  bool own_blocked; /* the broker blocks the connection of rebound's
+                       channel (resource alarm) */
+  uint64_t blocked_since_ms;
+  uint8_t *login_auth;  /* the client's start-ok mechanism, response and */
+  uint8_t *login_vhost; /* locale, and open's vhost (login's views) */
+  px_pub_login login;
+  struct sockaddr_storage upstream_sa; /* the broker address in use */
   uint64_t own_reopen_ms; /* when to reopen rebound's channel (0: no) */
   uint16_t yield_waiter;  /* client channel waiting for own_ch's number */
   bool yield_requested;   /* close own channel once it is ready */
@@ -136,6 +150,9 @@ typedef struct px_session {
   bool conn_held;           /* the client's connection.close waits ... */
   px_slice conn_hold;       /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */
+  bool up_close_sent;       /* rebound sent the broker connection.close */
+  bool up_close_answered;   /* ... and its close-ok (or close) came: the
+                               broker has handled every frame before it */
 
   /* the forwardable run of frames being parsed (see px_session.c) */
   struct {

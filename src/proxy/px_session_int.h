@@ -122,10 +122,22 @@ void px__retry_own_ready(px_session *s);
  * px__own_reopen() (px_frames.c), on the defer timer. */
 void px__retry_reopen_at(px_session *s, uint64_t due_ms);
 void px__own_reopen(px_session *s);
-/* The upstream connection rebound's channel is on. */
+/* The upstream connection rebound's channel is on, for px__emit*(): NULL
+ * stands for the separate retry connection (px_pub.h). */
 static inline px_side *px__own_side(px_session *s) {
-  return &s->upstream;
+  return s->own_on_pub ? NULL : &s->upstream;
 }
+/* Write out what is queued for both sides (after a timer or an event of
+ * the retry connection). */
+void px__session_flush(px_session *s);
+/* The broker blocks (or unblocks) the connection rebound's channel is on:
+ * no copy is published meanwhile, copies in flight wait without a
+ * deadline. `which` names the connection for the log. (px_retry.c) */
+void px__retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
+                       const char *which);
+/* A delivery is kept for retry: make sure rebound's channel is (being)
+ * opened. (px_frames.c) */
+void px__own_want(px_session *s);
 void px__retry_free(px_session *s);
 /* The retry timer: copies not confirmed in time fall back. */
 void px__retry_deadline(uv_timer_t *timer);

@@ -93,6 +93,7 @@ typedef struct status_stream {
   uint64_t listed;  /* sessions written so far */
   unsigned pending; /* their retries_pending */
   unsigned delayed; /* their requeues_delayed */
+  unsigned blocked; /* their blocked */
   uint64_t now;     /* loop time when the document began */
 } status_stream;
 
@@ -109,13 +110,19 @@ static void status_session(status_stream *st, const px_session *s,
                   ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
                   "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
                   "\"retries_pending\":%u,\"requeues_delayed\":%u,"
-                  "\"cache_bytes\":%llu}",
+                  "\"cache_bytes\":%llu,\"retry_connection\":\"%s\","
+                  "\"blocked\":%s}",
                   px_state_name(s->state), (unsigned)s->nchans,
                   (unsigned long long)s->client.bytes_in,
                   (unsigned long long)s->client.bytes_out,
                   (double)(st->now - s->started_ms) / 1000.0,
                   (unsigned)s->ops.n, (unsigned)s->defers.n,
-                  (unsigned long long)s->cache_bytes);
+                  (unsigned long long)s->cache_bytes,
+                  s->pub_ready    ? "separate"
+                  : s->own_on_pub ? "opening"
+                                  : "shared",
+                  s->own_blocked ? "true" : "false");
+  st->blocked += s->own_blocked;
   st->listed++;
   st->pending += s->ops.n;
   st->delayed += s->defers.n;
@@ -136,8 +143,8 @@ static bool status_produce(void *arg, px_admin_response *r) {
     return true;
   px_admin_printf(r,
                   "],\"retries_pending\":%u,\"requeues_delayed\":%u,"
-                  "\"cache_bytes\":%llu,",
-                  st->pending, st->delayed,
+                  "\"blocked\":%u,\"cache_bytes\":%llu,",
+                  st->pending, st->delayed, st->blocked,
                   (unsigned long long)srv->stats.cache_bytes);
   status_config(srv, r);
   px_admin_printf(r, "}\n");

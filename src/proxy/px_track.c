@@ -315,6 +315,8 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->gen = s->srv->cfg_gen;
   k->qid = confirmed ? px_metrics_queue(s->srv, queue) : -1;
   t->nconsumers++;
+  if (k->rule)
+    px__own_want(s); /* ready by its first failure */
 }
 
 static void remove_consumer(px_chan *c, amqp_bytes tag) {
@@ -426,6 +428,8 @@ void px__track_upstream_method(px_session *s, px_chan *c,
       break;
     }
     if (!r.no_ack && r.queue)
+      px__own_want(s);
+    if (!r.no_ack && r.queue)
       new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
                    px_metrics_queue(s->srv, r.queue),
                    retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
@@ -472,6 +476,7 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     c->track.lost = true;
     return;
   }
+  px__own_want(s);
   new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
                m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
                m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);

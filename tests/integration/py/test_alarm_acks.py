@@ -87,7 +87,8 @@ def test_acks_keep_flowing_under_a_memory_alarm(rebound_factory,
     # timeout is far shorter than the alarm
     rb = admin_rebound(functools.partial(rebound_factory, upstream=pb.addr),
                        "--retry-queues", q, "--retry-tiers", TIERS,
-                       "--max-attempts", "3", "--retry-confirm-timeout", "5s")
+                       "--max-attempts", "3", "--retry-confirm-timeout", "5s",
+                       "--retry-connection", "separate")
 
     setup = pika.BlockingConnection(pika.URLParameters(pb.url))
     sch = setup.channel()

@@ -161,7 +161,8 @@ def test_five_hundred_reloads_keep_memory_flat_and_still_apply(
     c.close()
     policies = status["config"]["retry"]["policies"]
     assert policies == [{"queues": ["gen-500-*"], "tiers": ["100ms"],
-                         "max_attempts": 2, "dead_letter": "{queue}.dlq"}]
+                         "max_attempts": 2, "dead_letter": "{queue}.dlq",
+                         "queue_type": "auto"}]
     grown = rss[500] - rss[100]
     assert grown < 4096, "RSS grew %d KiB from reload 100 to 500 (%r)" % (
         grown, rss)

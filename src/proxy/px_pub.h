@@ -1,0 +1,78 @@
+/* px_pub.h - the upstream connection a session publishes its copies on.
+ *
+ * With `retry_connection: separate` (the default) rebound does not publish
+ * retry copies on the client's own upstream connection: a broker under a
+ * resource alarm blocks a connection at its first publish, and with it
+ * every ack the client sends there. Each session that keeps deliveries
+ * for retry opens one more connection to the same broker address, logs in
+ * with the mechanism and response of its client's connection.start-ok
+ * (same user, same vhost, same permissions), and carries rebound's own
+ * channel on it and nothing else. A broker that cannot be logged into
+ * that way (a challenge in connection.secure, a refusal) makes the session
+ * fall back to its own channel on the client's connection.
+ *
+ * The connection negotiates no heartbeat (TCP keepalive finds a dead
+ * peer) and frame-max as the client's connection, so copies sized for one
+ * fit the other. It announces the connection.blocked capability: the
+ * broker says when it blocks it, and when that ends.
+ *
+ * Memory: a px_pub is freed by libuv's close callback after px_pub_close();
+ * the owner's events stop at that call.
+ */
+#ifndef PX_PUB_H
+#define PX_PUB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "amqp.h"
+
+typedef struct px_pub px_pub;
+
+/* What the connection tells its owner (`ctx`). None is called after
+ * px_pub_close(). */
+typedef struct px_pub_events {
+  /* connection.open-ok: channels may be opened */
+  void (*ready)(void *ctx);
+  /* a frame on a channel other than 0; `f` is valid during the call */
+  void (*frame)(void *ctx, const amqp_frame *f);
+  /* connection.blocked (`blocked`, with the broker's reason) or
+   * connection.unblocked */
+  void (*blocked)(void *ctx, bool blocked, amqp_bytes reason);
+  /* the connection failed or the broker closed it (`why`, static, and the
+   * broker's reply text if any): call px_pub_close() */
+  void (*lost)(void *ctx, const char *why, amqp_bytes text);
+} px_pub_events;
+
+/* What the connection logs in with: the client's start-ok fields and
+ * connection.open's vhost, copied. */
+typedef struct px_pub_login {
+  amqp_bytes mechanism, response, locale, vhost;
+  uint32_t frame_max;
+  const char *peer; /* the client, for the connection's name */
+} px_pub_login;
+
+/* Connect to `addr` and log in. NULL when out of memory or the socket
+ * cannot be set up (nothing to close then). */
+px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
+                    const px_pub_login *login, const px_pub_events *ev,
+                    void *ctx);
+
+/* Queue bytes (whole frames) for the broker. 0, or -1 when out of memory
+ * or the connection is closing. */
+int px_pub_write(px_pub *p, const uint8_t *data, size_t len);
+
+/* Bytes queued and not yet written to the socket. */
+size_t px_pub_pending(const px_pub *p);
+
+/* Stop the events, close the socket; freed once libuv is done with it.
+ * NULL is ignored. */
+void px_pub_close(px_pub *p);
+
+/* At exit: connections still waiting for the broker's close-ok are closed
+ * at once (their memory is freed as the loop runs on). */
+void px_pub_close_all(void);
+
+#endif
