@@ -100,10 +100,10 @@ typedef struct px_config {
     "type of tier and dead-letter queues: auto (quorum where the broker "      \
     "dead-letters them at-least-once), quorum or classic")                     \
   X(retry_shared, "retry-connection", "REBOUND_RETRY_CONNECTION",              \
-    "retry_connection", CONN_MODE, "shared",                                   \
-    "shared: copies go on the client's upstream connection; separate: on a "   \
-    "second one per client, logged in as the client, so a broker that "        \
-    "blocks publishing (resource alarm) never stops the client's acks")
+    "retry_connection", CONN_MODE, "separate",                                 \
+    "separate: copies go on a second upstream connection per client, logged "  \
+    "in as the client, so a broker that blocks publishing (resource alarm) "   \
+    "never stops the client's acks; shared: on the client's own")
 
 typedef enum px_config_result {
   PX_CONFIG_OK,

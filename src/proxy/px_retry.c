@@ -115,6 +115,7 @@ static uint64_t op_seq(const void *op) {
 }
 
 void px__retry_free(px_session *s) {
+  px_ring_free(&s->parked);
   px_ring_free(&s->ops);
   px_ring_free(&s->defers);
   list_free(&s->declared, &s->ndeclared);
@@ -492,6 +493,57 @@ static const retry_rule *delivery_rule(px_session *s, const px_delivery *d) {
   return q ? retry_match(&s->srv->cfg->retry, q, strlen(q)) : NULL;
 }
 
+/* A declare the broker refuses closes rebound's channel, and with it the
+ * confirms of every copy published before it: those copies may be in
+ * their tier while their originals are requeued. So a queue not yet
+ * declared on this channel is declared only when no copy is in flight;
+ * until then the copy waits ("parked"), and so does every later one (in
+ * order). It costs a confirm's round trip once per queue and connection. */
+static bool must_park(const px_session *s, const char *target) {
+  return s->parked.n > 0 ||
+         (s->ops.n > 0 && !in_list(s->declared, s->ndeclared, target));
+}
+
+static int park(px_session *s, const px_chan *c, const px_delivery *d,
+                bool is_reject) {
+  if (px_ring_reserve(&s->parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
+    return -1;
+  *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
+      (px_defer){0, d->tag, c->client_ch, c->gen, is_reject, false, NULL};
+  return 0;
+}
+
+static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject, bool retry, const char *why);
+static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject);
+
+/* No copy is in flight: the parked ones go now, in order (the first to a
+ * new queue declares it; those after it may park again behind it). */
+static void unpark(px_session *s) {
+  if (s->parked.n == 0 || s->own_state != PX_OWN_READY || s->own_blocked)
+    return;
+  px_ring todo = s->parked;
+  s->parked = (px_ring){0};
+  for (uint32_t i = 0; i < todo.n && s->state != PX_S_CLOSED; i++) {
+    px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
+    px_chan *c = px_tab_get(&s->by_client, f->client_ch);
+    px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
+                         ? px__track_find(c, f->tag)
+                         : NULL;
+    if (!d || d->state != PX_DL_RETRYING)
+      continue; /* the channel went: the broker requeued it */
+    d->state = PX_DL_CACHED;
+    c->track.retries_pending--;
+    const char *why = try_retry(s, c, d, f->is_reject);
+    if (why)
+      requeue_or_defer(s, c, d, f->is_reject, false, why);
+    if (c->track.retries_pending == 0 && c->track.defers_pending == 0)
+      px__release_held(s, c);
+  }
+  px_ring_free(&todo);
+}
+
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
  * its way (the delivery is then RETRYING), else why not. */
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
@@ -519,6 +571,13 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
                    "tier or dead-letter queue refused", NULL);
     return "tier or dead-letter queue refused";
+  }
+  if (must_park(s, plan.target)) {
+    if (park(s, c, d, is_reject) != 0)
+      return "copy could not be built";
+    d->state = PX_DL_RETRYING;
+    c->track.retries_pending++;
+    return NULL;
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
   int rc = start_copy(s, c, d, &h, &plan, is_reject, "max-attempts",
@@ -817,10 +876,15 @@ static bool republish(px_session *s, px_chan *c, px_delivery *d,
  * was confirmed), so trying again once the channel is back duplicates
  * nothing the broker confirmed. */
 static const char WHY_NACKED[] = "nacked by the broker";
+/* the broker closed rebound's channel: copies published before the frame
+ * it refused may be enqueued (their requeue may duplicate one, as any
+ * lost confirm), those after it were discarded */
 static const char WHY_CHANNEL_LOST[] = "rebound's channel was closed";
+static const char WHY_DISCARDED[] =
+    "rebound's channel was closed before the copy";
 
 static bool retry_later(const char *why) {
-  return why == WHY_NACKED || why == WHY_CHANNEL_LOST;
+  return why == WHY_NACKED || why == WHY_DISCARDED;
 }
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
@@ -890,6 +954,8 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
   if (done != &one)
     free(done);
   if (s->ops.n == 0)
+    unpark(s);
+  if (s->ops.n == 0 && s->parked.n == 0)
     px__retry_idle(s);
 }
 
@@ -1032,7 +1098,14 @@ static bool adapt_type(px_session *s, const char *q) {
 bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   char q[RETRY_NAME_MAX + 1];
   bool adapted = false;
-  if (closed_queue(text, q) && (code == 406 || code == 403 || code == 405)) {
+  bool named = closed_queue(text, q);
+  /* the refused declare went out just before the first copy to its
+   * queue: that copy and every later one were discarded */
+  uint32_t k = s->ops.n;
+  for (uint32_t i = 0; named && i < s->ops.n && k == s->ops.n; i++)
+    if (strcmp(op_at(s, i)->target, q) == 0)
+      k = i;
+  if (named && (code == 406 || code == 403 || code == 405)) {
     adapted = code == 406 && adapt_type(s, q);
     if (!adapted) {
       list_add(&s->broken, &s->nbroken, q);
@@ -1046,7 +1119,8 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
     }
   }
   list_free(&s->declared, &s->ndeclared);
-  finish_prefix(s, s->ops.n, false, WHY_CHANNEL_LOST);
+  finish_prefix(s, k, false, WHY_CHANNEL_LOST);
+  finish_prefix(s, s->ops.n, false, WHY_DISCARDED);
   s->own_seq = 0;
   return adapted;
 }
@@ -1054,6 +1128,8 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
 void px__retry_own_ready(px_session *s) {
+  if (s->ops.n == 0)
+    unpark(s);
   for (uint32_t i = 0;
        i < s->defers.n && s->own_state == PX_OWN_READY && !s->own_blocked;) {
     px_defer f = *defer_at(s, i);

@@ -193,7 +193,8 @@ static void client_stop_writing(px_session *s) {
 static bool retries_waiting(const px_session *s) {
   bool opening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
-  return s->ops.n > 0 || (opening && (s->n_own_waiters || s->defers.n));
+  return s->ops.n > 0 || s->parked.n > 0 ||
+         (opening && (s->n_own_waiters || s->defers.n));
 }
 
 static bool client_gone_finish(px_session *s, bool write_failed) {

@@ -129,6 +129,8 @@ typedef struct px_session {
   px_ring ops;    /* px_retry_op: copies awaiting the broker's confirm,
                      in publish order */
   px_ring defers; /* px_defer: requeues held back for the tier delay */
+  px_ring parked; /* px_defer: copies whose queue must be declared first,
+                     waiting for no copy to be in flight (px_retry.c) */
   uv_timer_t defer_timer;
   uint64_t own_seq; /* publish sequence on rebound's channel */
   char **declared;  /* tier/DLQ queues declared on this connection */

@@ -138,6 +138,49 @@ static void test_retry_flags_override(void **state) {
   assert_int_equal(c.rules[0].max_attempts, 4); /* default kept */
 }
 
+/* queue_type per policy in the file; --retry-queue-type sets every
+ * policy's and keeps them all; --retry-connection separate (default) or
+ * shared. */
+static void test_queue_type_and_retry_connection(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  const char *p = write_file("retry_connection: shared\n"
+                             "retry:\n  policies:\n"
+                             "    - queues: [a]\n      queue_type: classic\n"
+                             "    - queues: [b]\n");
+  char *argv[] = {"rebound", "--config", (char *)p, NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_int_equal(c.retry.nrules, 2);
+  assert_int_equal(c.rules[0].queue_type, RETRY_QT_CLASSIC);
+  assert_int_equal(c.rules[1].queue_type, RETRY_QT_AUTO);
+  assert_true(c.retry_shared);
+  char *argv2[] = {
+      "rebound", "--config",           (char *)p,  "--retry-queue-type",
+      "quorum",  "--retry-connection", "separate", NULL};
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_OK);
+  assert_int_equal(c.retry.nrules, 2); /* both policies kept */
+  assert_int_equal(c.rules[0].queue_type, RETRY_QT_QUORUM);
+  assert_int_equal(c.rules[1].queue_type, RETRY_QT_QUORUM);
+  assert_false(c.retry_shared);
+  unlink(p);
+  char *argv3[] = {"rebound", NULL};
+  assert_int_equal(load(&c, argv3, err), PX_CONFIG_OK);
+  assert_false(c.retry_shared); /* the default */
+  assert_int_equal(c.rules[0].queue_type, RETRY_QT_AUTO);
+  char *argv4[] = {"rebound", "--retry-queue-type", "stream", NULL};
+  assert_int_equal(load(&c, argv4, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--retry-queue-type: invalid value 'stream' "
+                           "(expected auto, quorum or classic)");
+  fake_env[0][0] = "REBOUND_RETRY_CONNECTION";
+  fake_env[0][1] = "both";
+  assert_int_equal(load(&c, argv3, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "REBOUND_RETRY_CONNECTION=both: not a valid "
+                           "--retry-connection (expected separate or shared)");
+  memset(fake_env, 0, sizeof fake_env);
+}
+
 static void expect_file_error(const char *yaml, const char *want) {
   static px_config c;
   char err[256];
@@ -168,6 +211,9 @@ static void test_bad_files(void **state) {
   expect_file_error(
       "retry:\n  policies:\n    - queues: [a]\n      color: red\n",
       "4: unknown policy key 'color'");
+  expect_file_error(
+      "retry:\n  policies:\n    - queues: [a]\n      queue_type: stream\n",
+      "4: queue_type: expected auto, quorum or classic");
   expect_file_error("listen: [unclosed\n", "2: ");
   static px_config c;
   char err[256];
@@ -300,6 +346,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_file_then_env_then_flags),
       cmocka_unit_test(test_retry_flags_override),
+      cmocka_unit_test(test_queue_type_and_retry_connection),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_flags_and_env),
       cmocka_unit_test(test_confirm_timeout_and_max_connections),

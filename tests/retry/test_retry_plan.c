@@ -37,6 +37,38 @@ static void run_cases(const retry_rule *rule, const decide_case *cases,
 }
 
 /* DESIGN.md's defaults: tiers 1s 2s 4s, max_attempts 4. */
+/* Which type a rule's queues get: the names parse back, AUTO follows what
+ * the broker can do, the others do not. */
+static void test_queue_types(void **state) {
+  (void)state;
+  static const struct {
+    const char *name;
+    retry_queue_type t;
+    bool on_new, on_old; /* quorum on a broker with / without it */
+  } cases[] = {
+      {"auto", RETRY_QT_AUTO, true, false},
+      {"quorum", RETRY_QT_QUORUM, true, true},
+      {"classic", RETRY_QT_CLASSIC, false, false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    retry_queue_type t = RETRY_QT_CLASSIC;
+    assert_int_equal(
+        retry_queue_type_parse(cases[i].name, strlen(cases[i].name), &t), 0);
+    assert_int_equal(t, cases[i].t);
+    assert_string_equal(retry_queue_type_str(t), cases[i].name);
+    assert_int_equal(retry_use_quorum(t, true), cases[i].on_new);
+    assert_int_equal(retry_use_quorum(t, false), cases[i].on_old);
+  }
+  retry_queue_type t = RETRY_QT_QUORUM;
+  assert_int_equal(retry_queue_type_parse("quorumx", 7, &t), -1);
+  assert_int_equal(retry_queue_type_parse("quorumx", 6, &t), 0);
+  assert_int_equal(retry_queue_type_parse("", 0, &t), -1);
+  assert_int_equal(retry_queue_type_parse("Quorum", 6, &t), -1);
+  retry_rule r;
+  retry_rule_default(&r);
+  assert_int_equal(r.queue_type, RETRY_QT_AUTO);
+}
+
 static void test_default_rule(void **state) {
   (void)state;
   retry_rule r;
@@ -197,6 +229,7 @@ int main(void) {
       cmocka_unit_test(test_default_rule),
       cmocka_unit_test(test_last_tier_repeats),
       cmocka_unit_test(test_edge_rules),
+      cmocka_unit_test(test_queue_types),
       cmocka_unit_test(test_name_limits),
       cmocka_unit_test(test_match_first_rule_wins),
   };

@@ -1,7 +1,9 @@
 """rebound's own channel (DESIGN.md contract item 2) as clients see it:
-not at all. A client that opens the number rebound holds gets it (mapped
-upstream); a client that opens every negotiated channel gets them all
-(rebound yields); many channels on one connection just work."""
+not at all. With --retry-connection shared it sits on the client's
+upstream connection: a client that opens the number rebound holds gets it
+(mapped upstream); a client that opens every negotiated channel gets them
+all (rebound yields); many channels on one connection just work. With the
+separate retry connection no number of the client's is ever taken."""
 
 import pika
 import pytest
@@ -9,8 +11,16 @@ from pika.exceptions import ChannelClosedByBroker
 
 import amqp_raw as a
 import rbtest
+from conftest import PASS_THROUGH
 
 EXPIRES = {"x-expires": 120000}
+
+
+@pytest.fixture
+def rebound(rebound_factory):
+    """rebound with its channel on the client's connection (what these
+    tests are about), no queue intercepted."""
+    return rebound_factory(*PASS_THROUGH, "--retry-connection", "shared")
 
 
 def roundtrip(ch, queue, body):
@@ -26,6 +36,44 @@ def only_upstream_port(rb):
     ports = rbtest.upstream_ports(rb)
     assert len(ports) == 1, "expected one upstream connection: %r" % rb.sockets()
     return ports.pop()
+
+
+def test_separate_retry_connection_takes_no_number_and_opens_lazily(
+        rebound_factory, broker, ctl, qname):
+    """The default: rebound's channel is on a connection of its own. The
+    client's highest number (the one rebound would hold on a shared
+    connection) is not remapped; no second connection exists until the
+    client consumes from an intercepted queue; then the broker sees one
+    with one channel in confirm mode, logged in as the client's user; it
+    goes when the client goes."""
+    rb = rebound_factory("--retry-queues", qname)
+    conn = rb.pika(broker)
+    hi = conn.channel(2047)
+    hi.queue_declare(qname, arguments=EXPIRES)
+    roundtrip(hi, qname, b"on-2047")
+    assert not rb.log_lines("channel_mapped")
+    assert len(rbtest.upstream_ports(rb)) == 1, rb.sockets()
+    assert not rb.log_lines("own_channel_ready")
+
+    hi.basic_publish("", qname, b"kept")
+    m = None
+    for m, _, _ in hi.consume(qname, inactivity_timeout=10):
+        break
+    assert m is not None
+    rb.wait_log("own_channel_ready")
+    rbtest.wait_until(lambda: len(rbtest.upstream_ports(rb)) == 2, 10,
+                      "the retry connection")
+    ports = rbtest.upstream_ports(rb)
+    chans = ctl.channels_by_port()
+    pub = [p for p in ports if chans.get(p) == {1: True}]
+    assert len(pub) == 1, (ports, chans)
+    assert ctl.connections()[pub[0]]["user"] == broker.user
+    hi.basic_ack(m.delivery_tag)
+    hi.cancel()
+    conn.close()
+    rb.wait_conn_sockets(0, timeout=10)
+    rbtest.wait_until(lambda: not (set(ctl.connections()) & ports), 15,
+                      "the broker to drop both connections")
 
 
 def test_client_opens_rebounds_channel_number(rebound, broker, ctl, qname):

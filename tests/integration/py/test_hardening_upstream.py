@@ -190,8 +190,9 @@ def test_held_frames_do_not_grow_memory(rebound_factory, fake):
                          upstream=broker.addr, env=SMALL_QUARANTINE)
     c, _ = held_client(rb, "held-queue", "nack")
     up = broker.wait_conn("held-client")
-    up.wait(lambda: up.published("held-queue.retry.1s"), 10,
-            "rebound's copy of the failed delivery")
+    copies = broker.wait_conn("rebound retries for")  # the retry connection
+    copies.wait(lambda: copies.published("held-queue.retry.1s"), 10,
+                "rebound's copy of the failed delivery")
     rss0 = rb.rss_kib()
     pub = Publisher(c, TOTAL // BODY, BODY)
     pub.start()
@@ -237,8 +238,9 @@ def test_confirm_timeout_falls_back_then_releases(rebound_factory, fake, how):
     c, t_fail = held_client(rb, "held-queue", how)
     up = broker.wait_conn("held-client")
     try:
-        copy = up.wait(lambda: up.published("held-queue.retry.1s"), 10,
-                       "rebound's copy of the failed delivery")[0]
+        copies = broker.wait_conn("rebound retries for")
+        copy = copies.wait(lambda: copies.published("held-queue.retry.1s"),
+                           10, "rebound's copy of the failed delivery")[0]
         count = 400
         pub = Publisher(c, count, 16 * 1024)
         pub.run()  # 6.4 MiB: fits below any watermark, sent at once
