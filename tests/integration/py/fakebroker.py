@@ -447,6 +447,9 @@ class FakeConn:
         elif name == "exchange.declare":
             self.method(ch, (40, 11))
         elif name == "queue.declare":
+            if self.broker.on_declare and self.broker.on_declare(self, ch,
+                                                                 args):
+                return  # answered (or refused) by the test
             if not args["no_wait"]:
                 self.method(ch, (50, 11), a.shortstr(args["queue"])
                             + struct.pack(">II", 0, 0))
@@ -490,15 +493,18 @@ class FakeBroker:
     FakeConn. `confirm`: what publishes on a channel in confirm mode get:
     True a basic.ack, "nack" a basic.nack, False nothing. `on_consume(conn, channel, args)` runs on the connection's
     reader thread after consume-ok was sent (args["tag"] is the consumer
-    tag)."""
+    tag). `on_declare(conn, channel, args)` runs for each queue.declare
+    first; if it returns true it has answered it (e.g. closed the
+    channel) and the usual declare-ok is not sent."""
 
     def __init__(self, channel_max=2047, frame_max=131072, heartbeat=0,
-                 confirm=True, on_consume=None):
+                 confirm=True, on_consume=None, on_declare=None):
         self.channel_max = channel_max
         self.frame_max = frame_max
         self.heartbeat = heartbeat
         self.confirm = confirm
         self.on_consume = on_consume
+        self.on_declare = on_declare
         self.conns = []
         self.cond = threading.Condition()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
