@@ -43,19 +43,27 @@ except OSError:
 EOF
 }
 
-# free_port: an ephemeral port that is free now; avoids epmd (4369) and the port range
-# rabbitmqctl itself listens on (35672-35682).
+# free_port: a port that is free now, below the kernel's ephemeral range (so no
+# outgoing connection of another test takes it while a node is down and is to
+# come back on it); avoids epmd (4369) and rabbitmqctl's own (35672-35682).
 free_port() {
     "$PY" - <<'EOF'
-import socket
-while True:
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(1000):
+    p = random.randrange(20000, min(lo, 32768))
+    if p == 4369 or 35672 <= p <= 35682:
+        continue
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    if not (35672 <= p <= 35682 or p == 4369):
-        print(p)
-        break
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
 EOF
 }
 
@@ -153,8 +161,15 @@ do_start() {
 
     # AMQP port: the previous one for DIR if free (same node name, keeps its data),
     # else 5672 if free, else any free port.
-    port=${port:-5672}
-    if ! port_free "$port"; then
+    # A node restarted in its DIR must come back on its port: the port names
+    # the node, and the node name its data. Wait for it to be free.
+    if [ -n "${port:-}" ]; then
+        for ((i = 0; i < 150; i++)); do
+            port_free "$port" && break
+            sleep 0.2
+        done
+        port_free "$port" || die "port $port of the node in $DIR stays taken"
+    else
         port=5672
         port_free "$port" || port=$(free_port)
     fi
