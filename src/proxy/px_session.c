@@ -166,9 +166,11 @@ static void on_close_wait_timeout(uv_timer_t *t) {
 
 static void on_retries_timeout(uv_timer_t *t) {
   px_session *s = t->data;
-  px_session_close(s, s->client_write_failed
-                          ? "client write failed (retries pending timed out)"
-                          : "client disconnected (retries pending timed out)");
+  /* replaces the reason client_gone_finish() gave: this one says more */
+  s->close_reason = s->client_write_failed
+                        ? "client write failed (retries pending timed out)"
+                        : "client disconnected (retries pending timed out)";
+  px_session_close(s, s->close_reason);
 }
 
 static void side_pressure(px_side *side);

@@ -267,3 +267,24 @@ def test_confirm_timeout_falls_back_then_releases(rebound_factory, fake, how):
     finally:
         c.close()
     rb.wait_conn_sockets(0)
+
+
+def test_client_gone_retries_timed_out_says_so(rebound_factory, fake):
+    """A client that leaves while its copy is never confirmed: rebound waits
+    --retry-finish-timeout for it, then closes the session with a reason
+    that says the retries timed out (not just "client disconnected"), and
+    the original is never acked."""
+    broker = fake(confirm=False, on_consume=deliver_on_consume)
+    rb = rebound_factory("--retry-finish-timeout", "1s",
+                         upstream=broker.addr)
+    c, _ = held_client(rb, "held-queue", "nack")
+    up = broker.wait_conn("held-client")
+    copies = broker.wait_conn("rebound retries for")
+    copies.wait(lambda: copies.published("held-queue.retry.1s"), 10,
+                "rebound's copy of the failed delivery")
+    c.close()
+    line = rb.wait_log("session_close", timeout=10)
+    assert line["reason"] == \
+        "client disconnected (retries pending timed out)", line
+    assert rb.wait_log("client_gone_retries_pending")["pending"] == "1"
+    assert not up.find("basic.ack", tag=1)
