@@ -201,6 +201,8 @@ static void own_closed(px_session *s, const amqp_method *close) {
   }
   px__retry_reopen_at(s, uv_now(s->srv->loop) + delay);
   release_own_waiters(s); /* their requeues wait for it, up to a delay */
+  if (!px__retry_busy(s))
+    px__retry_idle(s);
 }
 
 static int own_frame(px_session *s, const amqp_frame *f) {
@@ -313,6 +315,8 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
       px__retry_reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
   }
   release_own_waiters(s);
+  if (!px__retry_busy(s))
+    px__retry_idle(s);
   px__session_flush(s);
 }
 
@@ -540,9 +544,9 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     break;
   }
   case AMQP_CONNECTION_CLOSE:
-    if (s->ops.n > 0) { /* the acks of the copies in flight go first */
+    if (px__retry_busy(s)) { /* the acks of the copies in flight go first */
       px_info("client_close_waits", PX_U("id", s->id), PX_S("peer", s->peer),
-              PX_U("pending", s->ops.n));
+              PX_U("pending", s->ops.n + s->parked.n + s->n_own_waiters));
       return PX_HOLD_CONN;
     }
     px__set_state(s, PX_S_CLOSING);

@@ -637,7 +637,7 @@ static void arm_defer_timer(px_session *s) {
 }
 
 static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
-                         bool until_unblocked, const char *why) {
+                         const char *why) {
   static uint64_t last_ms, unlogged;
   uint64_t now = uv_now(s->srv->loop);
   if (last_ms && now - last_ms < PX_DEFER_LOG_MS) {
@@ -646,13 +646,9 @@ static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
   }
   px_warn("retry_requeue_delayed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", px_dl_queue(d)), PX_S("reason", why),
-          PX_U("delay_ms", until_unblocked ? 0 : ms),
-          PX_U("unlogged", unlogged),
-          PX_S("note", until_unblocked
-                           ? "the counted retry waits until the broker "
-                             "unblocks publishing"
-                           : "no counted retry: the broker gets the requeue "
-                             "once the tier delay has passed"));
+          PX_U("delay_ms", ms), PX_U("unlogged", unlogged),
+          PX_S("note", "no counted retry: the broker gets the requeue once "
+                       "the tier delay has passed"));
   last_ms = now;
   unlogged = 0;
 }
@@ -673,7 +669,8 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
   d->state = PX_DL_DEFERRED;
   c->track.defers_pending++;
   c->held = true; /* later frames of the channel wait behind it */
-  log_deferred(s, d, ms, due == PX_DUE_UNBLOCKED, why);
+  if (!retry)     /* else logged if it comes to the requeue (defer_fire) */
+    log_deferred(s, d, ms, why);
   arm_defer_timer(s);
   return true;
 }
@@ -683,6 +680,9 @@ static void defer_fire(px_session *s, const px_defer *f) {
   px_chan *c = px_tab_get(&s->by_client, f->client_ch);
   if (!c || c->gen != f->gen || c->state == PX_CH_SERVER_CLOSED)
     return; /* the channel went: the broker requeued the delivery */
+  px_delivery *d = px__track_find(c, f->tag);
+  if (f->retry && d) /* it waited for a counted retry that did not come */
+    log_deferred(s, d, defer_delay(s, d), f->why);
   emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
               true);
   px_metrics_inc(s->srv, PX_M_DELAYED, f->why, NULL);
@@ -1125,6 +1125,13 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   return adapted;
 }
 
+bool px__retry_busy(const px_session *s) {
+  bool opening =
+      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
+  return s->ops.n > 0 || s->parked.n > 0 ||
+         (opening && (s->n_own_waiters || s->defers.n));
+}
+
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
 void px__retry_own_ready(px_session *s) {
@@ -1153,4 +1160,6 @@ void px__retry_own_ready(px_session *s) {
     c->track.defers_pending--;
   }
   arm_defer_timer(s);
+  if (!px__retry_busy(s))
+    px__retry_idle(s); /* a connection.close that waited for this goes on */
 }

@@ -190,17 +190,8 @@ static void client_stop_writing(px_session *s) {
  * flight: finish them (publish, confirm, ack) before the upstream closes,
  * for at most retry_finish_timeout. false when there is nothing to finish
  * (or no broker to finish it with). */
-/* Retries to finish: copies in flight, or requeues waiting for rebound's
- * channel, which is being opened, to start theirs. */
-static bool retries_waiting(const px_session *s) {
-  bool opening =
-      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
-  return s->ops.n > 0 || s->parked.n > 0 ||
-         (opening && (s->n_own_waiters || s->defers.n));
-}
-
 static bool client_gone_finish(px_session *s, bool write_failed) {
-  if (!retries_waiting(s) || !s->upstream.connected || s->client_gone)
+  if (!px__retry_busy(s) || !s->upstream.connected || s->client_gone)
     return s->client_gone;
   s->client_gone = true;
   s->client_write_failed = write_failed;

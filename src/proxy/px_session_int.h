@@ -147,6 +147,10 @@ void px__retry_defer_due(uv_timer_t *timer);
  * requeue rebound cannot retry. PX_DROP when it is held back, PX_FORWARD
  * when it goes on as it is (no intercepted delivery). */
 int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
+/* Retries to finish before the connection may end: copies in flight or
+ * parked, or requeues waiting for rebound's channel, which is being
+ * opened, to start theirs. */
+bool px__retry_busy(const px_session *s);
 /* No copy is in flight any more (px_frames.c / px_session.c react: a
  * pending yield of rebound's channel, a client that already left). */
 void px__retry_idle(px_session *s);

@@ -8,6 +8,7 @@ import pytest
 
 import amqp_raw
 import rbtest
+from conftest import PASS_THROUGH
 
 EXPIRES = {"x-expires": 120000}
 MIB = 1024 * 1024
@@ -15,7 +16,11 @@ MIB = 1024 * 1024
 
 @pytest.mark.parametrize("channel_number", [None, 2047],
                          ids=["channel-1", "mapped-channel-2047"])
-def test_16mib_message_intact(rebound, broker, qname, channel_number):
+def test_16mib_message_intact(rebound_factory, broker, qname,
+                              channel_number):
+    """With rebound's channel on the client's connection (shared), 2047 is
+    its number: the client's 2047 travels remapped."""
+    rebound = rebound_factory(*PASS_THROUGH, "--retry-connection", "shared")
     body = os.urandom(16 * MIB)
     digest = hashlib.sha256(body).hexdigest()
     conn = rebound.pika(broker)

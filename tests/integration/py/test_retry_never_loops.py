@@ -337,7 +337,9 @@ def test_refused_dead_letter_queue_is_requeued_after_the_tier_delay(
     # the first failure was a real retry, every later one held back: the
     # first refusal closes rebound's channel, later ones are known
     reasons = {"tier or dead-letter queue refused",
-               "rebound's channel was closed", "rebound's channel not ready"}
+               "rebound's channel was closed",
+               "rebound's channel was closed before the copy",
+               "rebound's channel not ready"}
     by = wait_delayed(rb, reasons, len(cons.failed_at) - 1)
     cons.cancel()
     assert by.get("tier or dead-letter queue refused", 0) >= n - 6, (by, n)
