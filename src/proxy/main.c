@@ -40,8 +40,8 @@ static void close_walk(uv_handle_t *h, void *arg) {
   uv_close(h, NULL);
 }
 
-/* Every client takes two file descriptors (its socket and its upstream's):
- * use all the hard limit allows. */
+/* Every client takes two or three file descriptors (its socket, its
+ * upstream's, its retry connection's): use all the hard limit allows. */
 static void raise_fd_limit(void) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)

@@ -291,9 +291,13 @@ static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
 static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
   px_session *s = ctx;
   bool was_ready = s->pub_ready;
+  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
   px_pub_close(s->pub);
   s->pub = NULL;
   s->pub_ready = false;
+  s->own_state = PX_OWN_NONE; /* before anything may publish again */
+  if (own)
+    px__retry_own_lost(s, 0, text);
   px__retry_blocked(s, false, amqp_cstr(""), "retry connection");
   if (!was_ready) {
     s->pub_failed = true;
@@ -304,10 +308,6 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
           PX_B("text", text.ptr, text.len),
           PX_S("action", was_ready ? "reconnect after a backoff"
                                    : "copies go on the client's connection"));
-  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
-  s->own_state = PX_OWN_NONE;
-  if (own)
-    px__retry_own_lost(s, 0, text);
   if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
     if (!was_ready)
       own_open(s);
@@ -325,6 +325,7 @@ static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,
 
 static void pub_open(px_session *s) {
   s->login.frame_max = s->frame_max;
+  s->login.timeout_ms = s->srv->cfg->handshake_timeout_ms;
   s->login.peer = s->peer;
   s->pub_ready = false;
   s->pub = s->login_auth
@@ -872,7 +873,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     break;
   case AMQP_CONNECTION_BLOCKED:
   case AMQP_CONNECTION_UNBLOCKED:
-    if (!s->own_on_pub &&
+    if ((s->srv->cfg->retry_shared || s->pub_failed) &&
         amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
             AMQP_OK)
       px__retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,

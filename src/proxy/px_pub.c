@@ -5,6 +5,7 @@
  * open -> closed. Input is parsed from one growable buffer; output is one
  * uv_write per px_pub_write(), copied.
  */
+#define _DEFAULT_SOURCE /* explicit_bzero */
 #include "px_pub.h"
 
 #include <stdio.h>
@@ -51,15 +52,30 @@ typedef struct pub_write {
   uv_write_t req;
   px_pub *p;
   size_t len;
+  bool secret; /* the start-ok: wiped once written */
   uint8_t data[];
 } pub_write;
+
+/* Credentials leave no copy behind in freed memory. */
+static void wipe(void *p, size_t n) {
+  if (p)
+    explicit_bzero(p, n);
+}
+
+static void forget_login(px_pub *p) {
+  wipe(p->login,
+       p->mechanism.len + p->response.len + p->locale.len + p->vhost.len);
+  free(p->login);
+  p->login = NULL;
+  p->mechanism = p->response = p->locale = p->vhost = (amqp_bytes){NULL, 0};
+}
 
 static void on_closed(uv_handle_t *h) {
   px_pub *p = h->data;
   if (--p->handles)
     return;
   free(p->in);
-  free(p->login);
+  forget_login(p);
   free(p);
 }
 
@@ -80,11 +96,19 @@ static void close_now(px_pub *p) {
   uv_close((uv_handle_t *)&p->close_timer, on_closed);
 }
 
-static void on_close_timeout(uv_timer_t *t) {
-  close_now(t->data);
+static void fail(px_pub *p, const char *why, amqp_bytes text);
+
+/* The timer: the login's deadline, then the wait for close-ok. */
+static void on_timer(uv_timer_t *t) {
+  px_pub *p = t->data;
+  if (p->state == PUB_CLOSING)
+    close_now(p);
+  else if (p->state == PUB_CONNECTING || p->state == PUB_HANDSHAKE)
+    fail(p, "login timed out", amqp_cstr(""));
 }
 
-static int write_method(px_pub *p, uint16_t ch, const amqp_method *m);
+static int write_method(px_pub *p, uint16_t ch, const amqp_method *m,
+                        bool secret);
 
 /* An open connection says goodbye (connection.close, then close-ok or
  * PUB_CLOSE_WAIT_MS), so the broker logs no "unexpectedly closed"; any
@@ -98,7 +122,7 @@ void px_pub_close(px_pub *p) {
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
       amqp_cstr("rebound: the client connection ended");
-  if (p->state != PUB_OPEN || p->lost || write_method(p, 0, &m) != 0) {
+  if (p->state != PUB_OPEN || p->lost || write_method(p, 0, &m, false) != 0) {
     close_now(p);
     return;
   }
@@ -108,7 +132,7 @@ void px_pub_close(px_pub *p) {
   if (closing)
     closing->prev = p;
   closing = p;
-  uv_timer_start(&p->close_timer, on_close_timeout, PUB_CLOSE_WAIT_MS, 0);
+  uv_timer_start(&p->close_timer, on_timer, PUB_CLOSE_WAIT_MS, 0);
 }
 
 void px_pub_close_all(void) {
@@ -132,6 +156,8 @@ static void on_write(uv_write_t *req, int status) {
   pub_write *w = (pub_write *)req;
   px_pub *p = w->p;
   p->pending -= w->len;
+  if (w->secret)
+    wipe(w->data, w->len);
   free(w);
   if (status < 0 && p->state == PUB_CLOSING)
     close_now(p);
@@ -139,7 +165,15 @@ static void on_write(uv_write_t *req, int status) {
     fail(p, "write failed", amqp_cstr(uv_strerror(status)));
 }
 
+static int pub_write_frame(px_pub *p, const uint8_t *data, size_t len,
+                           bool secret);
+
 int px_pub_write(px_pub *p, const uint8_t *data, size_t len) {
+  return pub_write_frame(p, data, len, false);
+}
+
+static int pub_write_frame(px_pub *p, const uint8_t *data, size_t len,
+                           bool secret) {
   if (p->state == PUB_CLOSED || p->state == PUB_CONNECTING ||
       (p->state == PUB_CLOSING && p->ev))
     return -1;
@@ -148,6 +182,7 @@ int px_pub_write(px_pub *p, const uint8_t *data, size_t len) {
     return -1;
   w->p = p;
   w->len = len;
+  w->secret = secret;
   memcpy(w->data, data, len);
   uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)len);
   if (uv_write(&w->req, (uv_stream_t *)&p->tcp, &b, 1, on_write) != 0) {
@@ -158,10 +193,14 @@ int px_pub_write(px_pub *p, const uint8_t *data, size_t len) {
   return 0;
 }
 
-static int write_method(px_pub *p, uint16_t ch, const amqp_method *m) {
+static int write_method(px_pub *p, uint16_t ch, const amqp_method *m,
+                        bool secret) {
   uint8_t buf[PUB_LOGIN_MAX + 1024];
   long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
-  return n < 0 ? -1 : px_pub_write(p, buf, (size_t)n);
+  int rc = n < 0 ? -1 : pub_write_frame(p, buf, (size_t)n, secret);
+  if (secret)
+    wipe(buf, sizeof buf);
+  return rc;
 }
 
 /* ---- handshake ---------------------------------------------------------
@@ -194,7 +233,7 @@ static int send_start_ok(px_pub *p) {
   m.args[AMQP_F_CONNECTION_START_OK_MECHANISM].b = p->mechanism;
   m.args[AMQP_F_CONNECTION_START_OK_RESPONSE].b = p->response;
   m.args[AMQP_F_CONNECTION_START_OK_LOCALE].b = p->locale;
-  return write_method(p, 0, &m);
+  return write_method(p, 0, &m, true);
 }
 
 static int send_tune_ok_open(px_pub *p, const amqp_method *tune) {
@@ -205,11 +244,11 @@ static int send_tune_ok_open(px_pub *p, const amqp_method *tune) {
   m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u =
       offer && offer < p->frame_max ? offer : p->frame_max;
   m.args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u = 0;
-  if (write_method(p, 0, &m) != 0)
+  if (write_method(p, 0, &m, false) != 0)
     return -1;
   amqp_method_init(&m, AMQP_CONNECTION_OPEN);
   m.args[AMQP_F_CONNECTION_OPEN_VIRTUAL_HOST].b = p->vhost;
-  return write_method(p, 0, &m);
+  return write_method(p, 0, &m, false);
 }
 
 /* A method on channel 0. */
@@ -233,6 +272,8 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
     break;
   case AMQP_CONNECTION_OPEN_OK:
     p->state = PUB_OPEN;
+    uv_timer_stop(&p->close_timer);
+    forget_login(p); /* logged in: not needed any more */
     p->ev->ready(p->ctx);
     return;
   case AMQP_CONNECTION_BLOCKED:
@@ -243,7 +284,7 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
     return;
   case AMQP_CONNECTION_CLOSE:
     amqp_method_init(&m, AMQP_CONNECTION_CLOSE_OK);
-    write_method(p, 0, &m);
+    write_method(p, 0, &m, false);
     amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
     fail(p, "the broker closed it",
          m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b);
@@ -404,5 +445,6 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
     close_now(p);
     return NULL;
   }
+  uv_timer_start(&p->close_timer, on_timer, login->timeout_ms, 0);
   return p;
 }

@@ -51,11 +51,13 @@ typedef struct px_pub_events {
 typedef struct px_pub_login {
   amqp_bytes mechanism, response, locale, vhost;
   uint32_t frame_max;
-  const char *peer; /* the client, for the connection's name */
+  uint32_t timeout_ms; /* connect and log in by then, or it failed */
+  const char *peer;    /* the client, for the connection's name */
 } px_pub_login;
 
-/* Connect to `addr` and log in. NULL when out of memory or the socket
- * cannot be set up (nothing to close then). */
+/* Connect to `addr` and log in, within login->timeout_ms. The login's
+ * bytes are copied, and wiped once logged in or closed. NULL when out of
+ * memory or the socket cannot be set up (nothing to close then). */
 px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
                     const px_pub_login *login, const px_pub_events *ev,
                     void *ctx);

@@ -63,8 +63,27 @@ typedef struct px_defer {
   bool is_reject;
   bool retry;      /* the counted retry is tried again once rebound's channel
                       is ready, if that comes before due_ms */
+  bool logged;     /* retry_requeue_delayed was written (or skipped by
+                      the rate limit) when it was held back */
+  bool again;      /* parked: a republish (px_retry_op.again) */
   const char *why; /* static: the metric's label when it is sent */
 } px_defer;
+
+/* Reasons a copy failed that a later copy may not meet: it was not
+ * enqueued (the broker nacked it, or rebound's channel closed before it
+ * was confirmed), so trying again once the channel is back duplicates
+ * nothing the broker confirmed. */
+static const char WHY_NACKED[] = "nacked by the broker";
+/* the broker closed rebound's channel: copies published before the frame
+ * it refused may be enqueued (their requeue may duplicate one, as any
+ * lost confirm), those after it were discarded */
+static const char WHY_CHANNEL_LOST[] = "rebound's channel was closed";
+static const char WHY_DISCARDED[] =
+    "rebound's channel was closed before the copy";
+
+static bool retry_later(const char *why) {
+  return why == WHY_NACKED || why == WHY_DISCARDED;
+}
 
 /* Deferred requeues per connection at most (each is an unsettled delivery
  * of a channel, bounded there first). */
@@ -116,6 +135,7 @@ static uint64_t op_seq(const void *op) {
 
 void px__retry_free(px_session *s) {
   px_ring_free(&s->parked);
+  list_free(&s->alt_declared, &s->nalt_declared);
   px_ring_free(&s->ops);
   px_ring_free(&s->defers);
   list_free(&s->declared, &s->ndeclared);
@@ -147,8 +167,16 @@ static const retry_rule *delivery_rule(px_session *s, const px_delivery *d);
  * their policy's (px_server.alt_types). */
 #define PX_ALT_TYPES_MAX 4096
 
+/* The key of a queue in px_server.alt_types: its vhost and name. */
+static void alt_key(const px_session *s, const char *name, char *out,
+                    size_t cap) {
+  snprintf(out, cap, "%zu:%s/%s", strlen(s->vhost), s->vhost, name);
+}
+
 static bool alt_type(const px_session *s, const char *name) {
-  return in_list(s->srv->alt_types, s->srv->nalt_types, name);
+  char key[RETRY_NAME_MAX + sizeof s->vhost + 24];
+  alt_key(s, name, key, sizeof key);
+  return in_list(s->srv->alt_types, s->srv->nalt_types, key);
 }
 
 /* Are `target`'s arguments those of a quorum queue? The policy's type,
@@ -177,6 +205,8 @@ static void ensure_queue(px_session *s, const retry_rule *rule,
   if (in_list(s->declared, s->ndeclared, plan->target))
     return;
   bool quorum = declare_quorum(s, rule, plan->target);
+  if (alt_type(s, plan->target)) /* what a 406 to it then means */
+    list_add(&s->alt_declared, &s->nalt_declared, plan->target);
   if (quorum)
     put_string(&w, "x-queue-type", "quorum");
   if (plan->action == RETRY_REPUBLISH) {
@@ -408,7 +438,8 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->client_ch = c->client_ch;
   op->gen = c->gen;
   op->is_reject = is_reject;
-  op->returned = op->again = false;
+  op->returned = false;
+  op->again = s->next_again;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
@@ -460,6 +491,10 @@ static int start_copy(px_session *s, px_chan *c, px_delivery *d,
   return rc;
 }
 
+static bool must_park(const px_session *s, const char *target);
+static int park(px_session *s, const px_chan *c, const px_delivery *d,
+                bool is_reject);
+
 /* The delivery's copy cannot fit frame-max with the headers a tier needs:
  * dead-letter it, with as many of rebound's headers as still fit, and if
  * even the original does not (the broker's x-death grew it past the
@@ -477,6 +512,8 @@ static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
   if (n < 0)
     return -1;
   plan.target_len = (size_t)n;
+  if (must_park(s, plan.target)) /* after the copies in flight */
+    return park(s, c, d, is_reject) == 0 ? 0 : -1;
   px_warn("retry_copy_too_large", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", q), PX_U("frame_max", s->frame_max),
           PX_S("action", "dead-lettered"), PX_S("target", plan.target));
@@ -509,7 +546,8 @@ static int park(px_session *s, const px_chan *c, const px_delivery *d,
   if (px_ring_reserve(&s->parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return -1;
   *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
-      (px_defer){0, d->tag, c->client_ch, c->gen, is_reject, false, NULL};
+      (px_defer){0,     d->tag, c->client_ch,  c->gen, is_reject,
+                 false, true,   s->next_again, NULL};
   return 0;
 }
 
@@ -535,11 +573,34 @@ static void unpark(px_session *s) {
       continue; /* the channel went: the broker requeued it */
     d->state = PX_DL_CACHED;
     c->track.retries_pending--;
+    s->next_again = f->again;
     const char *why = try_retry(s, c, d, f->is_reject);
+    s->next_again = false;
     if (why)
       requeue_or_defer(s, c, d, f->is_reject, false, why);
     if (c->track.retries_pending == 0 && c->track.defers_pending == 0)
       px__release_held(s, c);
+  }
+  px_ring_free(&todo);
+}
+
+/* rebound's channel is gone: parked copies wait for it like any requeue
+ * held back for it (retried when it is back, else requeued after their
+ * tier delay), so none waits for a channel that may never return. */
+static void unpark_to_defers(px_session *s) {
+  px_ring todo = s->parked;
+  s->parked = (px_ring){0};
+  for (uint32_t i = 0; i < todo.n; i++) {
+    px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
+    px_chan *c = px_tab_get(&s->by_client, f->client_ch);
+    px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
+                         ? px__track_find(c, f->tag)
+                         : NULL;
+    if (!d || d->state != PX_DL_RETRYING)
+      continue;
+    d->state = PX_DL_CACHED;
+    c->track.retries_pending--;
+    requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
   }
   px_ring_free(&todo);
 }
@@ -665,7 +726,8 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
    * (then it is counted), however long that takes */
   uint64_t due =
       retry && s->own_blocked ? PX_DUE_UNBLOCKED : uv_now(s->srv->loop) + ms;
-  *f = (px_defer){due, d->tag, c->client_ch, c->gen, is_reject, retry, why};
+  *f = (px_defer){due,   d->tag, c->client_ch, c->gen, is_reject,
+                  retry, !retry, false,        why};
   d->state = PX_DL_DEFERRED;
   c->track.defers_pending++;
   c->held = true; /* later frames of the channel wait behind it */
@@ -681,7 +743,7 @@ static void defer_fire(px_session *s, const px_defer *f) {
   if (!c || c->gen != f->gen || c->state == PX_CH_SERVER_CLOSED)
     return; /* the channel went: the broker requeued the delivery */
   px_delivery *d = px__track_find(c, f->tag);
-  if (f->retry && d) /* it waited for a counted retry that did not come */
+  if (!f->logged && d) /* it waited for a counted retry that did not come */
     log_deferred(s, d, defer_delay(s, d), f->why);
   emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
               true);
@@ -861,30 +923,17 @@ int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
  * it) and the copy republished, once. */
 static bool republish(px_session *s, px_chan *c, px_delivery *d,
                       const px_retry_op *op) {
-  if (!op->returned || op->again || s->own_state != PX_OWN_READY ||
-      try_retry(s, c, d, op->is_reject))
+  if (!op->returned || op->again || s->own_state != PX_OWN_READY)
     return false;
-  op_at(s, s->ops.n - 1)->again = true;
+  s->next_again = true; /* the new op, or the parked copy, is a republish */
+  const char *why = try_retry(s, c, d, op->is_reject);
+  s->next_again = false;
+  if (why)
+    return false;
   px_info("retry_republished", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("delivery_tag", op->tag), PX_S("target", op->target),
           PX_S("reason", "returned by the broker: declared again"));
   return true;
-}
-
-/* Reasons a copy failed that a later copy may not meet: it was not
- * enqueued (the broker nacked it, or rebound's channel closed before it
- * was confirmed), so trying again once the channel is back duplicates
- * nothing the broker confirmed. */
-static const char WHY_NACKED[] = "nacked by the broker";
-/* the broker closed rebound's channel: copies published before the frame
- * it refused may be enqueued (their requeue may duplicate one, as any
- * lost confirm), those after it were discarded */
-static const char WHY_CHANNEL_LOST[] = "rebound's channel was closed";
-static const char WHY_DISCARDED[] =
-    "rebound's channel was closed before the copy";
-
-static bool retry_later(const char *why) {
-  return why == WHY_NACKED || why == WHY_DISCARDED;
 }
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
@@ -1071,18 +1120,41 @@ static bool closed_queue(amqp_bytes text, char *q) {
   return true;
 }
 
-/* A declare refused with 406: the queue exists with other arguments. The
- * first time, it may be the other queue type (pre-declared by an operator,
- * or by an older rebound): declared from now on with that type's
- * arguments, by every connection. true when that is what happens. */
+static void list_remove(char ***list, uint32_t *n, const char *name) {
+  for (uint32_t i = 0; i < *n; i++)
+    if (strcmp((*list)[i], name) == 0) {
+      free((*list)[i]);
+      (*list)[i] = (*list)[--*n];
+      return;
+    }
+}
+
+/* A declare refused with 406: the queue exists with other arguments. It
+ * may be the other queue type (pre-declared by an operator, or by an
+ * older rebound): declared from now on with that type's arguments, by
+ * every connection to the vhost. true when the declare is to be tried
+ * again (this connection learnt it, or another one did meanwhile); false
+ * when both types were refused (the lesson is dropped: an operator may
+ * fix the queue). */
 static bool adapt_type(px_session *s, const char *q) {
   px_server *srv = s->srv;
-  if (alt_type(s, q) || srv->nalt_types >= PX_ALT_TYPES_MAX)
+  char key[RETRY_NAME_MAX + sizeof s->vhost + 24];
+  alt_key(s, q, key, sizeof key);
+  bool used_alt = in_list(s->alt_declared, s->nalt_declared, q);
+  bool now_alt = in_list(srv->alt_types, srv->nalt_types, key);
+  if (used_alt != now_alt)
+    return true;
+  if (now_alt) {
+    list_remove(&srv->alt_types, &srv->nalt_types, key);
     return false;
-  list_add(&srv->alt_types, &srv->nalt_types, q);
-  if (!alt_type(s, q))
+  }
+  if (srv->nalt_types >= PX_ALT_TYPES_MAX)
+    return false;
+  list_add(&srv->alt_types, &srv->nalt_types, key);
+  if (!in_list(srv->alt_types, srv->nalt_types, key))
     return false; /* out of memory */
-  px_info("retry_queue_type_adapted", PX_U("id", s->id), PX_S("queue", q),
+  px_info("retry_queue_type_adapted", PX_U("id", s->id),
+          PX_S("vhost", s->vhost), PX_S("queue", q),
           PX_S("note", "the queue exists with other arguments: declared "
                        "with those of the other queue type from now on"));
   return true;
@@ -1119,8 +1191,10 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
     }
   }
   list_free(&s->declared, &s->ndeclared);
+  list_free(&s->alt_declared, &s->nalt_declared);
   finish_prefix(s, k, false, WHY_CHANNEL_LOST);
   finish_prefix(s, s->ops.n, false, WHY_DISCARDED);
+  unpark_to_defers(s);
   s->own_seq = 0;
   return adapted;
 }

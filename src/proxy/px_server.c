@@ -28,8 +28,10 @@
 
 #define PX_PROBE_INTERVAL_MS 2000
 /* File descriptors a client connection takes: its socket and its
- * upstream's. */
-#define PX_FDS_PER_CONNECTION 2
+ * upstream's, and with retry_connection separate the retry connection's. */
+static unsigned fds_per_connection(const px_config *cfg) {
+  return cfg->retry_shared ? 2 : 3;
+}
 /* Free descriptors wanted to take a client: its upstream socket, the
  * readiness probe's and one for libuv to accept the next client with. Out
  * of descriptors, libuv accepts and closes clients without telling
@@ -156,9 +158,9 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
       getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
           ? (uint64_t)rl.rlim_cur
           : UINT64_MAX;
-  uint64_t fit = fds > srv->fd_reserve + PX_FDS_PER_CONNECTION
-                     ? (fds - srv->fd_reserve) / PX_FDS_PER_CONNECTION
-                     : 1;
+  unsigned per = fds_per_connection(cfg);
+  uint64_t fit =
+      fds > srv->fd_reserve + per ? (fds - srv->fd_reserve) / per : 1;
   if (fit > PX_MAX_CONNECTIONS_LIMIT)
     fit = PX_MAX_CONNECTIONS_LIMIT;
   uint32_t n = cfg->max_connections ? cfg->max_connections : (uint32_t)fit;

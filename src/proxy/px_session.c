@@ -24,6 +24,7 @@
  * down after the flush, input dropped until EOF or PX_CLOSE_WAIT_MS, so the
  * peer reads everything instead of a reset.
  */
+#define _DEFAULT_SOURCE /* explicit_bzero */
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,7 +79,7 @@ void px__set_state(px_session *s, px_state state) {
 /* Free a copy of credentials, wiped first. */
 static void free_secret(uint8_t *p, size_t len) {
   if (p)
-    memset(p, 0, len);
+    explicit_bzero(p, len);
   free(p);
 }
 
@@ -414,8 +415,8 @@ static void run_flush(px_session *s) {
 
 /* Frames for rebound's channel on the separate retry connection. */
 static void pub_emit(px_session *s, const uint8_t *data, size_t len) {
-  if (s->pub && px_pub_write(s->pub, data, len) != 0)
-    px_session_close(s, "out of memory");
+  if (!s->pub || px_pub_write(s->pub, data, len) != 0)
+    px_session_close(s, "retry connection write failed");
 }
 
 void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
@@ -746,8 +747,11 @@ static void process_input(px_session *s, px_side *from) {
   px_side *to = other_side(s, from);
 
   if (from == &s->upstream && from->lingering && s->up_close_sent &&
-      !s->up_close_answered)
-    await_close_ok(s, c);
+      !s->up_close_answered) {
+    await_close_ok(s, c); /* a partial frame stays for the next read */
+    if (!s->up_close_answered)
+      return;
+  }
   if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
     c->off = c->len; /* after close-ok: read and dropped, as the broker */
     return;

@@ -137,6 +137,9 @@ typedef struct px_session {
   uint32_t ndeclared;
   char **broken; /* queues whose declare failed (pass-through) */
   uint32_t nbroken;
+  char **alt_declared; /* declared here with the other type's arguments */
+  uint32_t nalt_declared;
+  bool next_again;      /* the copy being started is a republish */
   uint64_t cache_bytes; /* deliveries kept for retry */
   uint64_t held_bytes;  /* client frames held on channels: they count
                            against the upstream side's watermarks */

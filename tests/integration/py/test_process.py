@@ -371,9 +371,10 @@ def stop(proc, log):
 
 def test_fd_limit_raised_at_start_and_the_cap_sized_from_it(tmp_path, broker):
     """Started with a soft limit of 200 under a hard one of 400, rebound
-    raises the soft limit to 400; "auto" sizes the cap from it (two
-    descriptors per client), and a configured cap that cannot fit is kept
-    with a warning."""
+    raises the soft limit to 400; "auto" sizes the cap from it (three
+    descriptors per client: its socket, its upstream, its retry connection;
+    two with --retry-connection shared), and a configured cap that cannot
+    fit is kept with a warning."""
     proc, log = start_with_fd_limit(tmp_path, broker, 200, 400)
     try:
         assert proc.poll() is None, log.read_text()
@@ -381,8 +382,16 @@ def test_fd_limit_raised_at_start_and_the_cap_sized_from_it(tmp_path, broker):
         assert parsed(log, "fd_limit_raised")[0]["to"] == "400"
         lim = parsed(log, "connection_limit")[0]
         assert lim["auto"] == "true" and lim["fd_limit"] == "400", lim
-        assert 120 <= int(lim["max_connections"]) <= 190, lim
+        assert 80 <= int(lim["max_connections"]) <= 127, lim
         assert not parsed(log, "max_connections_over_fd_limit")
+    finally:
+        stop(proc, log)
+
+    proc, log = start_with_fd_limit(tmp_path, broker, 400, 400,
+                                    "--retry-connection", "shared")
+    try:
+        lim = parsed(log, "connection_limit")[0]
+        assert 120 <= int(lim["max_connections"]) <= 190, lim
     finally:
         stop(proc, log)
 
@@ -393,6 +402,6 @@ def test_fd_limit_raised_at_start_and_the_cap_sized_from_it(tmp_path, broker):
         lim = parsed(log, "connection_limit")[0]
         assert lim["max_connections"] == "1000" and lim["auto"] == "false"
         warn = parsed(log, "max_connections_over_fd_limit")
-        assert len(warn) == 1 and 120 <= int(warn[0]["fits"]) <= 190, warn
+        assert len(warn) == 1 and 80 <= int(warn[0]["fits"]) <= 127, warn
     finally:
         stop(proc, log)
