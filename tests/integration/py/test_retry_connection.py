@@ -1,0 +1,91 @@
+"""The separate retry connection under faults a real broker gives only by
+chance: it is blocked and then lost, or it returns several copies at once.
+A fake broker (fakebroker.py) plays the broker."""
+import socket
+import struct
+import time
+
+import amqp_raw as a
+import fakebroker as fb
+from test_hardening_upstream import fake
+
+assert fake  # a fixture
+
+
+def consumer(rb, broker, n):
+    """A raw client through rebound that consumes "work" and got `n`
+    deliveries; returns (client, the client's upstream connection, the
+    retry connection)."""
+    c = a.RawClient(rb.port)
+    c.handshake(name="work-consumer")
+    c.open_channel(1)
+    c.send(fb.basic_consume(1, "work"))
+    c.recv_method((60, 21))
+    main = broker.wait_conn("work-consumer")
+    pub = broker.wait_conn("rebound retries for")
+    pub.wait_event("confirm.select")
+    for t in range(1, n + 1):
+        main.deliver(1, "amq.ctag-fake-1", t, b"m%d" % t, routing_key="work")
+        c.recv_method((60, 60))
+        c.recv_frame()
+        c.recv_frame()
+    return c, main, pub
+
+
+def retry_conns(broker):
+    return [x for x in broker.conns if b"rebound retries for" in x.client_props]
+
+
+def test_lost_while_blocked_then_the_copy_goes_on_the_next(rebound_factory,
+                                                           fake):
+    """The broker blocks the retry connection (a resource alarm), a consumer
+    fails a message (its copy waits), then that connection drops. rebound
+    opens a new one and the copy goes there: the failure is a counted
+    retry, never a plain requeue of the original."""
+    broker = fake()
+    rb = rebound_factory("--retry-tiers", "1s", upstream=broker.addr)
+    c, main, pub = consumer(rb, broker, 1)
+    pub.method(0, (10, 60), a.shortstr("low on memory"))  # connection.blocked
+    rb.wait_log("upstream_blocked")
+    c.send(fb.basic_nack(1, 1, requeue=True))
+    time.sleep(0.5)
+    assert not pub.published(), "a copy was published on a blocked connection"
+    pub.sock.shutdown(socket.SHUT_RDWR)
+    main.wait(lambda: main.find("basic.ack", tag=1), 10,
+              "the original acked once its copy is confirmed")
+    again = retry_conns(broker)
+    assert len(again) == 2, again
+    assert [m.routing_key for m in again[1].published()] == ["work.retry.1s"]
+    assert not main.find("basic.nack", tag=1)
+    assert not rb.log_lines("retry_fallback")
+    c.close()
+
+
+def test_two_copies_returned_are_each_republished_once(rebound_factory, fake):
+    """Two copies to a tier come back as basic.return (the tier was deleted
+    under the connection): each is declared again and republished once,
+    and neither falls back to a plain requeue."""
+    broker = fake(confirm=False)
+    rb = rebound_factory("--retry-tiers", "1s", upstream=broker.addr)
+    c, main, pub = consumer(rb, broker, 2)
+    c.send(fb.basic_nack(1, 1) + fb.basic_nack(1, 2))
+    pub.wait(lambda: len(pub.published()) >= 2, 5, "two copies")
+
+    def give_back(seq):
+        m = pub.published()[seq - 1]
+        pub.send(a.method(1, (60, 50), struct.pack(">H", 312)
+                          + a.shortstr("NO_ROUTE") + a.shortstr("")
+                          + a.shortstr(m.routing_key))
+                 + fb.content_header(1, m.size)
+                 + fb.body_frames(1, m.head, 131072))
+        pub.send(a.method(1, (60, 80), struct.pack(">Q", seq) + b"\x00"))
+
+    give_back(1)
+    give_back(2)
+    pub.wait(lambda: len(pub.published()) >= 4, 5, "both copies again")
+    again = rb.log_lines("retry_republished")
+    assert sorted(int(x["delivery_tag"]) for x in again) == [1, 2], again
+    assert not rb.log_lines("retry_fallback")
+    time.sleep(0.3)
+    assert len(pub.published()) == 4  # once each, no more
+    c.close()
