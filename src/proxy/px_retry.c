@@ -556,6 +556,20 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject);
 
+/* A parked copy's delivery, no longer retrying (NULL when its channel
+ * went), and its channel in *cp. */
+static px_delivery *unpark_one(px_session *s, const px_defer *f, px_chan **cp) {
+  px_chan *c = *cp = px_tab_get(&s->by_client, f->client_ch);
+  px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
+                       ? px__track_find(c, f->tag)
+                       : NULL;
+  if (!d || d->state != PX_DL_RETRYING)
+    return NULL;
+  d->state = PX_DL_CACHED;
+  c->track.retries_pending--;
+  return d;
+}
+
 /* No copy is in flight: the parked ones go now, in order (the first to a
  * new queue declares it; those after it may park again behind it). */
 static void unpark(px_session *s) {
@@ -565,14 +579,10 @@ static void unpark(px_session *s) {
   s->parked = (px_ring){0};
   for (uint32_t i = 0; i < todo.n && s->state != PX_S_CLOSED; i++) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
-    px_chan *c = px_tab_get(&s->by_client, f->client_ch);
-    px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
-                         ? px__track_find(c, f->tag)
-                         : NULL;
-    if (!d || d->state != PX_DL_RETRYING)
+    px_chan *c;
+    px_delivery *d = unpark_one(s, f, &c);
+    if (!d)
       continue; /* the channel went: the broker requeued it */
-    d->state = PX_DL_CACHED;
-    c->track.retries_pending--;
     s->next_again = f->again;
     const char *why = try_retry(s, c, d, f->is_reject);
     s->next_again = false;
@@ -592,15 +602,10 @@ static void unpark_to_defers(px_session *s) {
   s->parked = (px_ring){0};
   for (uint32_t i = 0; i < todo.n; i++) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
-    px_chan *c = px_tab_get(&s->by_client, f->client_ch);
-    px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
-                         ? px__track_find(c, f->tag)
-                         : NULL;
-    if (!d || d->state != PX_DL_RETRYING)
-      continue;
-    d->state = PX_DL_CACHED;
-    c->track.retries_pending--;
-    requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
+    px_chan *c;
+    px_delivery *d = unpark_one(s, f, &c);
+    if (d)
+      requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
   }
   px_ring_free(&todo);
 }

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pika
 import pika.compat
+import pika.exceptions
 import pytest
 
 import rbtest
@@ -408,3 +409,19 @@ def run_poison(rb, broker, ctl, direct, queue_args, tiers, max_attempts,
     assert set(mine) == set(expect) - {q}, mine  # nothing else declared
     conn.close()
     return q, gaps
+
+
+def ready(source, name):
+    """Messages ready in `name` now, from its leader (a passive declare's
+    declare-ok: rabbitmqctl's figures for a quorum queue lag by up to 5 s);
+    None when there is no such queue. `source` has a channel() method (a
+    pika connection, or retryhelp.Direct)."""
+    ch = source.channel()
+    try:
+        n = ch.queue_declare(name, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None
+        raise
+    ch.close()
+    return n

@@ -52,7 +52,7 @@ import pika.exceptions
 
 import rbtest
 from cluster import cluster
-from retryhelp import count_of, dlq, tier
+from retryhelp import count_of, dlq, ready, tier
 from test_admin import admin_rebound, metrics
 
 assert cluster  # a fixture
@@ -191,19 +191,6 @@ class Publisher(threading.Thread):
             i += 1
         conn.close()
         self.done.set()
-
-
-def ready(ch_source, name):
-    """Messages ready in `name` (from its leader), None if absent."""
-    ch = ch_source.channel()
-    try:
-        n = ch.queue_declare(name, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 404:
-            return None
-        raise
-    ch.close()
-    return n
 
 
 def explain(deliveries):

@@ -29,7 +29,7 @@ import pika
 import pytest
 
 import rbtest
-from retryhelp import Direct, count_of, dlq, tier, wait_counts
+from retryhelp import Direct, count_of, dlq, ready, tier, wait_counts
 from test_broker_restart import broker_sh, private_broker
 
 assert private_broker  # a fixture
@@ -55,21 +55,6 @@ def broker_log(pb):
 def queue_types(pb, names):
     return {r[0]: r[1] for r in pb._rows("list_queues", "name", "type")
             if r[0] in names}
-
-
-def ready(direct, name):
-    """Messages ready in `name` now, from the leader (queue.declare-ok of a
-    passive declare; rabbitmqctl's figures for a quorum queue lag by up to
-    5 s); None when there is no such queue."""
-    ch = direct.channel()
-    try:
-        n = ch.queue_declare(name, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 404:
-            return None
-        raise
-    ch.close()
-    return n
 
 
 def reconnect(direct):
