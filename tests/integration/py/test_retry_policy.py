@@ -433,8 +433,10 @@ def test_client_using_every_channel_then_freeing_one(rebound_factory, broker,
     channel (own_channel_yielded), so requeues pass through to the broker
     (immediate redelivery, no header) -- never a refused channel.open.
     When the client closes one channel, rebound takes a number again and
-    the next requeue is a real retry through the tier."""
-    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "4")
+    the next requeue is a real retry through the tier. (With rebound's
+    channel on the client's connection: --retry-connection shared.)"""
+    rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "4",
+                         "--retry-connection", "shared")
     q = direct.own(rbtest.uniq("chmax"))
     conn = rb.pika(broker, channel_max=4)
     chs = [conn.channel() for _ in range(4)]
