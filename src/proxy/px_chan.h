@@ -2,8 +2,9 @@
  *
  * Channels are found by the client's number and by the upstream number
  * they travel on. Both are the same except for a channel that had to move
- * because rebound's own channel holds its number (DESIGN.md, contract
- * item 2); only such frames get their channel field rewritten.
+ * because rebound's own channel holds its number on the client's upstream
+ * connection (README, "Retries": --retry-connection shared); only such
+ * frames get their channel field rewritten.
  */
 #ifndef PX_CHAN_H
 #define PX_CHAN_H

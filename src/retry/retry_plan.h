@@ -6,7 +6,7 @@
  * unchanged. Also names the queues and describes their arguments, so the
  * proxy only has to send what is decided here. No I/O, no clock.
  *
- * Semantics (DESIGN.md, "Retry policy"): attempt 1 is the first delivery.
+ * Semantics (README, "Retries"): attempt 1 is the first delivery.
  * A delivery carrying count c is attempt k = c + 1. Its failure, when
  * k < max_attempts, goes to tier min(k, ntiers) with count k; when
  * k >= max_attempts, to the dead-letter queue. A poison message is thus
@@ -57,7 +57,7 @@ typedef struct retry_policy {
   unsigned nrules;
 } retry_policy;
 
-/* A rule with DESIGN.md's defaults: every queue, tiers 1s/2s/4s,
+/* A rule with the defaults (README, "Retries"): every queue, tiers 1s/2s/4s,
  * max_attempts 4, dead letter "{queue}.dlq". */
 void retry_rule_default(retry_rule *r);
 

@@ -36,7 +36,6 @@ static void run_cases(const retry_rule *rule, const decide_case *cases,
   }
 }
 
-/* DESIGN.md's defaults: tiers 1s 2s 4s, max_attempts 4. */
 /* Which type a rule's queues get: the names parse back, AUTO follows what
  * the broker can do, the others do not. */
 static void test_queue_types(void **state) {
@@ -69,6 +68,7 @@ static void test_queue_types(void **state) {
   assert_int_equal(r.queue_type, RETRY_QT_AUTO);
 }
 
+/* The defaults (README, "Retries"): tiers 1s 2s 4s, max_attempts 4. */
 static void test_default_rule(void **state) {
   (void)state;
   retry_rule r;

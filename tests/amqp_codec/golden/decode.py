@@ -5,7 +5,7 @@
                                   size, decoded method / content header / body
 
 Independent of the C codec (stdlib only): method and property layouts come from
-Debian's amqp-specs XML, field-table types are RabbitMQ's (see DESIGN.md). Used to
+Debian's amqp-specs XML, field-table types are RabbitMQ's (README, "The codec"). Used to
 verify MANIFEST.md against the captured bytes. Table values print as TYPE:value.
 """
 import struct

@@ -1,4 +1,4 @@
-"""rebound's own channel (DESIGN.md contract item 2) as clients see it:
+"""rebound's own channel (README, "Retries") as clients see it:
 not at all. With --retry-connection shared it sits on the client's
 upstream connection: a client that opens the number rebound holds gets it
 (mapped upstream); a client that opens every negotiated channel gets them

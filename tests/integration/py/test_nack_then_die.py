@@ -6,7 +6,7 @@ rebound must read what the client sent before its reset (the nacks),
 make each copy (publish, confirm) and ack its original before the
 upstream connection goes; the broker requeues the rest. The guarantee is
 at-least-once with duplicates only on a crash of rebound between confirm
-and ack (DESIGN.md, contract item 7): rebound does not crash here, so a
+and ack (README, "What is guaranteed"): rebound does not crash here, so a
 message seen twice afterwards is a bug. A nack rebound never read (the
 reset came first) is a plain redelivery of the original, which is fine;
 rebound's byte count of the session (bytes_from_client) says which case

@@ -1,5 +1,5 @@
 """pika through rebound: the everyday paths must behave exactly as they do
-against the broker directly (DESIGN.md contract items 1 and 9)."""
+against the broker directly."""
 import socket
 import time
 

@@ -1,5 +1,5 @@
 """Nothing lost across a broker restart while messages wait in a retry
-tier (DESIGN.md, Topology: dead-lettering out of a classic queue is
+tier (README, "Retries": dead-lettering out of a classic queue is
 at-most-once, so a classic tier dead-lettering into a quorum source queue
 loses what it held across a restart; quorum tiers with
 x-dead-letter-strategy at-least-once do not).

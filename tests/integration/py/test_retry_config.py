@@ -1,4 +1,4 @@
-"""Issue 4, "Policy and config": the retry policy from a --config YAML file
+"""The retry policy from a --config YAML file
 works the same as from flags (a poison run with a file's policy: its
 tiers, max_attempts, dead_letter pattern and header_prefix), flag > env >
 file, and a bad file makes rebound refuse to start with "FILE:LINE: reason"

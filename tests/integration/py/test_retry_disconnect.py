@@ -1,7 +1,7 @@
-"""Issue 4, test 4: a consumer that goes away with retries pending loses
-nothing (DESIGN.md contract item 7: rebound finishes the pending
-publish+confirm+ack before closing upstream), closing the channel right
-after a nack waits for the retry (contract item 6), and a rebound told to
+"""A consumer that goes away with retries pending loses
+nothing (rebound finishes the pending publish+confirm+ack before
+closing upstream), closing the channel right after a nack waits for the
+retry, and a rebound told to
 stop (SIGTERM) in the middle of a burst of retries neither loses nor
 duplicates a message. Real pika clients, real broker, real rebound."""
 import signal

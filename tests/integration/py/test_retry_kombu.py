@@ -1,4 +1,4 @@
-"""Issue 4, test 8: kombu (py-amqp transport) consumers get the retry
+"""kombu (py-amqp transport) consumers get the retry
 behaviour too, unmodified: message.requeue() and message.reject(
 requeue=True) become counted, delayed retries, exactly max_attempts
 deliveries, then the dead-letter queue. Plus the everyday kombu pattern of
@@ -141,7 +141,7 @@ def test_kombu_requeue_then_release_connection_keeps_one_copy(
     -- it sends no channel.close for the consumer's channel, as the Java
     client, Go's amqp091 and Node's amqplib do too -- while rebound's retry
     (publish to the tier, confirm, ack) is still pending. Expected
-    (DESIGN.md contract item 7, "never lose", duplicates only on a crash
+    (README, "What is guaranteed": duplicates only on a crash
     between confirm and ack): exactly one copy of the message afterwards,
     back in the queue with count 1 -- not the copy *and* the original
     requeued by the broker."""

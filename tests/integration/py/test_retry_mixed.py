@@ -1,8 +1,7 @@
-"""Issue 4, tests 2 and 3: many messages failing a chosen number of times
+"""Many messages failing a chosen number of times
 through every requeue form (basic.reject, basic.nack, basic.nack
 multiple=true with several outstanding, prefetch 20), and the absence of
-head-of-line blocking between tiers (one queue per delay tier, DESIGN.md
-seeds' lessons). Real pika consumer, real broker, real rebound.
+head-of-line blocking between tiers (one queue per delay tier). Real pika consumer, real broker, real rebound.
 
 Tier accuracy tolerance: [delay - 50 ms, delay + 600 ms] (retryhelp).
 """

@@ -1,8 +1,7 @@
-"""Issue 4, tests 1 and 7: a message that always fails is delivered exactly
+"""A message that always fails is delivered exactly
 max_attempts times, with the tier delays between deliveries, then sits in
 the dead-letter queue with its body, properties and headers intact, and
-the source and tier queues drain to 0 (DESIGN.md, "Retry policy" and
-"Protocol contract" 5 and 8). Real pika consumer, real broker, real rebound.
+the source and tier queues drain to 0 (README, "Retries"). Real pika consumer, real broker, real rebound.
 
 Tier accuracy tolerance: each gap between a failure (the consumer's
 nack/reject) and the next delivery must lie in
@@ -19,8 +18,8 @@ assert direct  # a fixture
 
 
 def expect_topology(direct, ctl, q, delays_named):
-    """The tier queues and the DLQ exist with exactly the arguments of
-    DESIGN.md contract item 8 (a redeclare with other arguments would be
+    """The tier queues and the DLQ exist with exactly the arguments the README
+    gives ("Retries"; a redeclare with other arguments would be
     refused with 406). With the default queue type on RabbitMQ 3.10 they
     are quorum queues, the tiers dead-lettering at-least-once."""
     for name, ms in delays_named.items():

@@ -1,7 +1,7 @@
-"""Issue 4, tests 5 and 6, and the delivery cache bound: what is *not*
+"""The retry policy's edges and the delivery cache bound: what is *not*
 turned into a retry must behave exactly as without rebound, and a topology
 rebound cannot declare is a clear log line, never a broken client
-(DESIGN.md contract items 4, 8 and 9). Real pika clients, real broker,
+(README, "Retries"). Real pika clients, real broker,
 real rebound.
 
 Tier accuracy tolerance: [delay - 50 ms, delay + 600 ms] (retryhelp).
