@@ -101,15 +101,8 @@ class Direct:
         """True when redeclaring `queue` with exactly these properties is
         accepted by the broker (queue arguments are immutable: anything
         else is 406 PRECONDITION_FAILED)."""
-        ch = self.conn.channel()
-        try:
-            ch.queue_declare(queue, durable=durable, arguments=arguments)
-        except pika.exceptions.ChannelClosedByBroker as e:
-            if e.reply_code == 406:
-                return False
-            raise
-        ch.close()
-        return True
+        return declare_or(self.conn, 406, queue, durable=durable,
+                          arguments=arguments) is not None
 
     def exists(self, queue):
         ch = self.conn.channel()
@@ -416,12 +409,20 @@ def ready(source, name):
     declare-ok: rabbitmqctl's figures for a quorum queue lag by up to 5 s);
     None when there is no such queue. `source` has a channel() method (a
     pika connection, or retryhelp.Direct)."""
+    ok = declare_or(source, 404, name, passive=True)
+    return ok.method.message_count if ok else None
+
+
+def declare_or(source, code, queue, **kw):
+    """queue.declare on a fresh channel of `source`: its declare-ok, or None
+    when the broker closes the channel with reply `code` (any other
+    refusal is raised)."""
     ch = source.channel()
     try:
-        n = ch.queue_declare(name, passive=True).method.message_count
+        ok = ch.queue_declare(queue, **kw)
     except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 404:
+        if e.reply_code == code:
             return None
         raise
     ch.close()
-    return n
+    return ok
