@@ -1,3 +1,5 @@
+#include <stddef.h>
+
 #include "amqp_status.h"
 
 const char *amqp_status_str(int status) {
@@ -20,4 +22,15 @@ int amqp_status_reply_code(int status) {
 #undef AMQP__STATUS_REPLY
   }
   return 0;
+}
+
+const char *amqp_reply_name(int code) {
+  switch (code) {
+#define AMQP__REPLY_NAME(id, value, name)                                      \
+  case AMQP_REPLY_##id:                                                        \
+    return name;
+    AMQP_REPLY_CODES(AMQP__REPLY_NAME)
+#undef AMQP__REPLY_NAME
+  }
+  return NULL;
 }

@@ -191,6 +191,25 @@ static void test_status_strings(void **state) {
   assert_int_equal(amqp_status_reply_code(AMQP_PARTIAL), 0);
 }
 
+/* The spec's reply codes and their names; a status maps to a defined one. */
+static void test_reply_names(void **state) {
+  (void)state;
+  assert_int_equal(AMQP_REPLY_SUCCESS, 200);
+  assert_int_equal(AMQP_REPLY_CONNECTION_FORCED, 320);
+  assert_int_equal(AMQP_REPLY_NOT_FOUND, 404);
+  assert_int_equal(AMQP_REPLY_INTERNAL_ERROR, 541);
+  assert_string_equal(amqp_reply_name(200), "REPLY_SUCCESS");
+  assert_string_equal(amqp_reply_name(406), "PRECONDITION_FAILED");
+  assert_string_equal(amqp_reply_name(505), "UNEXPECTED_FRAME");
+  assert_null(amqp_reply_name(0));
+  assert_null(amqp_reply_name(299));
+  for (int st = AMQP_OK; st >= AMQP_NOT_FOUND; st--) {
+    int code = amqp_status_reply_code(st);
+    if (code)
+      assert_non_null(amqp_reply_name(code));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_protocol_header),
@@ -202,6 +221,7 @@ int main(void) {
       cmocka_unit_test(test_frame_max_boundary),
       cmocka_unit_test(test_write),
       cmocka_unit_test(test_status_strings),
+      cmocka_unit_test(test_reply_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
