@@ -53,8 +53,12 @@ static uint16_t find_free_up(const px_session *s) {
   return 0;
 }
 
-int px__client_error(px_session *s, uint16_t code, const char *text,
+int px__client_error(px_session *s, uint16_t code, const char *detail,
                      uint32_t id) {
+  char text[160];
+  const char *name = amqp_reply_name(code);
+  snprintf(text, sizeof text, "%s - %s", name ? name : "INTERNAL_ERROR",
+           detail);
   s->srv->stats.protocol_errors++;
   px_warn("protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", "client"), PX_U("code", code), PX_S("error", text));
@@ -114,7 +118,7 @@ void px__own_want(px_session *s) {
 static void own_yield_now(px_session *s) {
   amqp_method m;
   amqp_method_init(&m, AMQP_CHANNEL_CLOSE);
-  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u = 200;
+  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u = AMQP_REPLY_SUCCESS;
   m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b =
       amqp_cstr("rebound yields this channel");
   px__emit_method(s, &s->upstream, s->own_ch, &m);
@@ -384,7 +388,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     return PX_FORWARD; /* the broker answers that */
   px_chan *c = calloc(1, sizeof *c);
   if (!c)
-    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
                             AMQP_CHANNEL_OPEN);
   c->client_ch = ch;
   c->state = PX_CH_OPENING;
@@ -396,7 +400,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
         px_tab_set(&s->by_up, up, c) != 0) {
       px_tab_set(&s->by_client, ch, NULL);
       free(c);
-      return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+      return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
                               AMQP_CHANNEL_OPEN);
     }
     s->nchans++;
@@ -416,7 +420,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
    * channel waits (held) until the broker confirms the close. */
   if (px_tab_set(&s->by_client, ch, c) != 0) {
     free(c);
-    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory",
+    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
                             AMQP_CHANNEL_OPEN);
   }
   c->held = true;
@@ -485,11 +489,10 @@ static void keep_login(px_session *s, const amqp_method *m) {
 
 static int client_tune_ok(px_session *s, const amqp_method *m) {
   if (s->by_client.blocks || s->state != PX_S_HANDSHAKE)
-    return px__client_error(
-        s, 504,
-        "CHANNEL_ERROR - unexpected connection.tune-ok, the "
-        "connection is already tuned",
-        m->id);
+    return px__client_error(s, AMQP_REPLY_CHANNEL_ERROR,
+                            "unexpected connection.tune-ok, the "
+                            "connection is already tuned",
+                            m->id);
   uint32_t ch = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u;
   uint32_t fm = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u;
   if (!ch)
@@ -503,7 +506,8 @@ static int client_tune_ok(px_session *s, const amqp_method *m) {
   s->heartbeat = (uint16_t)m->args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u;
   if (px_tab_init(&s->by_client, s->channel_max) ||
       px_tab_init(&s->by_up, s->channel_max))
-    return px__client_error(s, 541, "INTERNAL_ERROR - out of memory", m->id);
+    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
+                            m->id);
   return PX_FORWARD;
 }
 
@@ -511,21 +515,16 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
                                     uint32_t id) {
   amqp_method m;
   if (AMQP_METHOD_CLASS(id) != 10)
-    return px__client_error(
-        s, 503, "COMMAND_INVALID - only connection methods on channel 0", id);
+    return px__client_error(s, AMQP_REPLY_COMMAND_INVALID,
+                            "only connection methods on channel 0", id);
   if (id != AMQP_CONNECTION_START_OK && id != AMQP_CONNECTION_TUNE_OK &&
       id != AMQP_CONNECTION_OPEN && id != AMQP_CONNECTION_CLOSE &&
       id != AMQP_CONNECTION_CLOSE_OK)
     return PX_FORWARD;
   int rc = amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
-  if (rc != AMQP_OK) {
-    char text[128];
-    snprintf(text, sizeof text, "%s - %s",
-             amqp_status_reply_code(rc) == 503 ? "COMMAND_INVALID"
-                                               : "SYNTAX_ERROR",
-             amqp_status_str(rc));
-    return px__client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
-  }
+  if (rc != AMQP_OK)
+    return px__client_error(s, (uint16_t)amqp_status_reply_code(rc),
+                            amqp_status_str(rc), id);
   switch (id) {
   case AMQP_CONNECTION_START_OK:
     record_user(s, &m);
@@ -553,7 +552,7 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     px__set_state(s, PX_S_CLOSING);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the broker's close: it hangs up */
-    px__finishing(s, "broker closed the connection");
+    px__finishing(s, PX_CR_BROKER_CLOSED_CONNECTION);
     break;
   }
   return PX_FORWARD;
@@ -567,8 +566,8 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
     return PX_FORWARD; /* the broker discards it anyway */
   if (f->type == AMQP_FRAME_METHOD) {
     if (c->c2u != PX_CONTENT_NONE)
-      return px__client_error(
-          s, 505, "UNEXPECTED_FRAME - method frame during content", id);
+      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                              "method frame during content", id);
     if (id == AMQP_BASIC_PUBLISH) {
       c->c2u = PX_CONTENT_HEADER;
       px__track_publish(c);
@@ -577,24 +576,25 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
   }
   if (f->type == AMQP_FRAME_HEADER) {
     if (c->c2u != PX_CONTENT_HEADER)
-      return px__client_error(
-          s, 505, "UNEXPECTED_FRAME - content header without a content method",
-          0);
+      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                              "content header without a content method", 0);
     c->c2u_left = amqp_content_header_peek_size(f->payload);
     c->c2u = c->c2u_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
     return PX_FORWARD;
   }
   if (c->c2u != PX_CONTENT_BODY || f->payload.len > c->c2u_left)
-    return px__client_error(s, 505,
-                            "UNEXPECTED_FRAME - content body not expected", 0);
+    return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                            "content body not expected", 0);
   c->c2u_left -= f->payload.len;
   if (c->c2u_left == 0)
     c->c2u = PX_CONTENT_NONE;
   return PX_FORWARD;
 }
 
-static void close_upstream(px_session *s, const char *text) {
-  px__emit_close(s, &s->upstream, 200, text, 0, 0);
+/* rebound ends the broker's side itself: REPLY_SUCCESS, and the reason. */
+static void close_upstream(px_session *s, px_close_reason reason) {
+  px__emit_close(s, &s->upstream, AMQP_REPLY_SUCCESS, px_close_text(reason), 0,
+                 0);
 }
 
 /* While rebound is closing the client (error, shutdown), only its
@@ -609,10 +609,10 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
     if (s->ops.n > 0) /* copies in flight: their acks first */
       s->close_upstream_idle = true;
     else
-      close_upstream(s, "rebound shutting down");
+      close_upstream(s, PX_CR_SHUTTING_DOWN);
     return PX_DROP; /* the broker's close-ok ends the session */
   }
-  px_session_close(s, s->close_reason ? s->close_reason : "closed by rebound");
+  px_session_close(s, PX_CR_PROTOCOL_ERROR);
   return PX_STOP;
 }
 
@@ -623,9 +623,8 @@ static int decode_or_close(px_session *s, const amqp_frame *f, uint32_t id,
   int rc = amqp_method_decode_flags(f->payload, m, AMQP_DECODE_OPAQUE_TABLES);
   if (rc == AMQP_OK)
     return PX_FORWARD;
-  char text[128];
-  snprintf(text, sizeof text, "SYNTAX_ERROR - %s", amqp_status_str(rc));
-  return px__client_error(s, (uint16_t)amqp_status_reply_code(rc), text, id);
+  return px__client_error(s, (uint16_t)amqp_status_reply_code(rc),
+                          amqp_status_str(rc), id);
 }
 
 /* Methods that tell which deliveries exist and what happens to them. */
@@ -685,8 +684,8 @@ static bool up_taken(const px_session *s, uint16_t n) {
 static int client_unopened(px_session *s, const amqp_frame *f, uint32_t id) {
   if (!up_taken(s, f->channel))
     return PX_FORWARD;
-  return px__client_error(s, 504, "CHANNEL_ERROR - expected 'channel.open'",
-                          id);
+  return px__client_error(s, AMQP_REPLY_CHANNEL_ERROR,
+                          "expected 'channel.open'", id);
 }
 
 /* After a connection.close (either way) the broker only looks at
@@ -740,13 +739,13 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
     return PX_FORWARD;
   if (f->channel == 0) {
     if (f->type != AMQP_FRAME_METHOD)
-      return px__client_error(
-          s, 505, "UNEXPECTED_FRAME - content frame on channel 0", 0);
+      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                              "content frame on channel 0", 0);
     return client_connection_method(s, f, id);
   }
   if (AMQP_METHOD_CLASS(id) == 10)
-    return px__client_error(
-        s, 503, "COMMAND_INVALID - connection method on a channel", id);
+    return px__client_error(s, AMQP_REPLY_COMMAND_INVALID,
+                            "connection method on a channel", id);
   px_chan *c = px_tab_get(&s->by_client, f->channel);
   if (c && c->held && !may_overtake(c, f, id)) { /* waits, unexamined,
                                                      until released */
@@ -791,12 +790,12 @@ void px__retry_idle(px_session *s) {
     px__release_conn_hold(s); /* the client's own connection.close */
   if (s->close_upstream_idle) {
     s->close_upstream_idle = false;
-    close_upstream(s, "rebound shutting down");
+    close_upstream(s, PX_CR_SHUTTING_DOWN);
   }
   if (s->client_gone) {
     if (!closing)
-      close_upstream(s, "client disconnected");
-    px__close_after_flush(s, &s->upstream, "client disconnected");
+      close_upstream(s, PX_CR_CLIENT_DISCONNECTED);
+    px__close_after_flush(s, &s->upstream, PX_CR_CLIENT_DISCONNECTED);
   }
 }
 
@@ -869,7 +868,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     px__set_state(s, PX_S_CLOSING);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
-    px__finishing(s, "client closed the connection");
+    px__finishing(s, PX_CR_CLIENT_CLOSED_CONNECTION);
     break;
   case AMQP_CONNECTION_BLOCKED:
   case AMQP_CONNECTION_UNBLOCKED:
@@ -890,8 +889,8 @@ int px__upstream_error(px_session *s, const char *what) {
   s->srv->stats.protocol_errors++;
   px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("upstream", s->upstream_addr), PX_S("error", what));
-  px__close_client(s, 541, "INTERNAL_ERROR - protocol error from the broker", 0,
-                   0);
+  px__close_client(s, AMQP_REPLY_INTERNAL_ERROR,
+                   "INTERNAL_ERROR - protocol error from the broker", 0, 0);
   return PX_STOP;
 }
 
@@ -926,7 +925,7 @@ static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
       (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
        amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&
       s->draining) {
-    px_session_close(s, "rebound shutting down");
+    px_session_close(s, PX_CR_SHUTTING_DOWN);
     return PX_STOP;
   }
   return PX_DROP;

@@ -119,7 +119,7 @@ void px_pub_close(px_pub *p) {
   p->ev = NULL;
   amqp_method m;
   amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
-  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = AMQP_REPLY_SUCCESS;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
       amqp_cstr("rebound: the client connection ended");
   if (p->state != PUB_OPEN || p->lost || write_method(p, 0, &m, false) != 0) {

@@ -1182,8 +1182,10 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   for (uint32_t i = 0; named && i < s->ops.n && k == s->ops.n; i++)
     if (strcmp(op_at(s, i)->target, q) == 0)
       k = i;
-  if (named && (code == 406 || code == 403 || code == 405)) {
-    adapted = code == 406 && adapt_type(s, q);
+  if (named && (code == AMQP_REPLY_PRECONDITION_FAILED ||
+                code == AMQP_REPLY_ACCESS_REFUSED ||
+                code == AMQP_REPLY_RESOURCE_LOCKED)) {
+    adapted = code == AMQP_REPLY_PRECONDITION_FAILED && adapt_type(s, q);
     if (!adapted) {
       list_add(&s->broken, &s->nbroken, q);
       s->srv->stats.topology_errors++;

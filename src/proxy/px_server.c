@@ -196,7 +196,7 @@ static void on_drain_timeout(uv_timer_t *t) {
   px_warn("drain_timeout", PX_U("sessions_left", n),
           PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
   while (srv->sessions)
-    px_session_close(srv->sessions, "drain timeout");
+    px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
   px_server_stop(srv);
   uv_stop(srv->loop);
 }

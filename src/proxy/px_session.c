@@ -122,19 +122,24 @@ static void side_close(px_side *side) {
   side->connected = false;
 }
 
-void px_session_close(px_session *s, const char *reason) {
-  if (s->state == PX_S_CLOSED)
-    return;
+/* The first reason that applies is the one logged and counted. */
+static void note_reason(px_session *s, px_close_reason reason) {
   if (!s->close_reason)
     s->close_reason = reason;
+}
+
+void px_session_close(px_session *s, px_close_reason reason) {
+  if (s->state == PX_S_CLOSED)
+    return;
+  note_reason(s, reason ? reason : PX_CR_CLOSE_TIMEOUT);
   uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
   px_info("session_close", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
           PX_S("state", px_state_name(s->state)), PX_U("duration_ms", ms),
           PX_U("bytes_from_client", s->client.bytes_in),
           PX_U("bytes_to_client", s->client.bytes_out),
-          PX_S("reason", s->close_reason));
-  px_metrics_inc(s->srv, PX_M_CLOSES, s->close_reason, NULL);
+          PX_S("reason", px_close_text(s->close_reason)));
+  px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
   px__set_state(s, PX_S_CLOSED);
   uv_timer_stop(&s->timer);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
@@ -162,15 +167,15 @@ void px_session_close(px_session *s, const char *reason) {
 
 static void on_close_wait_timeout(uv_timer_t *t) {
   px_session *s = t->data;
-  px_session_close(s, s->close_reason ? s->close_reason : "close timeout");
+  px_session_close(s, PX_CR_CLOSE_TIMEOUT);
 }
 
 static void on_retries_timeout(uv_timer_t *t) {
   px_session *s = t->data;
   /* replaces the reason client_gone_finish() gave: this one says more */
   s->close_reason = s->client_write_failed
-                        ? "client write failed (retries pending timed out)"
-                        : "client disconnected (retries pending timed out)";
+                        ? PX_CR_CLIENT_WRITE_FAILED_RETRIES_TIMEOUT
+                        : PX_CR_CLIENT_DISCONNECTED_RETRIES_TIMEOUT;
   px_session_close(s, s->close_reason);
 }
 
@@ -205,7 +210,7 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
           PX_S("how", write_failed ? "write failed" : "disconnected"),
           PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
   s->close_reason =
-      write_failed ? "client write failed" : "client disconnected";
+      write_failed ? PX_CR_CLIENT_WRITE_FAILED : PX_CR_CLIENT_DISCONNECTED;
   uv_timer_stop(&s->timer);
   uv_timer_start(&s->timer, on_retries_timeout,
                  s->srv->cfg->retry_finish_timeout_ms, 0);
@@ -231,7 +236,7 @@ static void side_start_reading(px_side *side);
 static void on_client_dead_timeout(uv_timer_t *t) {
   px_session *s = t->data;
   if (!client_gone_finish(s, true))
-    px_session_close(s, "client write failed");
+    px_session_close(s, PX_CR_CLIENT_WRITE_FAILED);
 }
 
 static void client_write_failed(px_session *s, int err) {
@@ -239,8 +244,7 @@ static void client_write_failed(px_session *s, int err) {
   client_stop_writing(s);
   px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
-  if (!s->close_reason)
-    s->close_reason = "client write failed";
+  note_reason(s, PX_CR_CLIENT_WRITE_FAILED);
   uv_timer_stop(&s->timer);
   uv_timer_start(&s->timer, on_client_dead_timeout, PX_CLOSE_WAIT_MS, 0);
   s->client.paused = false;
@@ -252,7 +256,7 @@ static void client_write_failed(px_session *s, int err) {
 static void side_write_failed(px_side *side, int err) {
   px_session *s = side->s;
   if (side == &s->client && (s->state == PX_S_FINISHING || side->lingering)) {
-    px_session_close(s, s->close_reason ? s->close_reason : "client closed");
+    px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
   }
   if (side == &s->client) { /* once: later failures of writes in flight
@@ -263,7 +267,7 @@ static void side_write_failed(px_side *side, int err) {
   }
   px_warn("write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", side->name), PX_S("error", uv_strerror(err)));
-  px_session_close(s, "upstream write failed");
+  px_session_close(s, PX_CR_UPSTREAM_WRITE_FAILED);
 }
 
 /* Bytes waiting to reach `side`: in flight, and for the upstream side the
@@ -356,7 +360,7 @@ static void side_flush(px_side *side) {
   }
   px_write *w = malloc(sizeof *w);
   if (!w) {
-    px_session_close(s, "out of memory");
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
     return;
   }
   w->side = side;
@@ -399,7 +403,7 @@ static void side_queue(px_side *side, px_chunk *c, uint8_t *p, uint32_t len) {
   if (side->nout == PX_OUT_MAX)
     side_flush(side);
   if (side->nout == PX_OUT_MAX) { /* not connected yet: cannot happen */
-    px_session_close(side->s, "output queue full before connect");
+    px_session_close(side->s, PX_CR_OUTPUT_FULL);
     return;
   }
   px_chunk_ref(c);
@@ -416,7 +420,7 @@ static void run_flush(px_session *s) {
 /* Frames for rebound's channel on the separate retry connection. */
 static void pub_emit(px_session *s, const uint8_t *data, size_t len) {
   if (!s->pub || px_pub_write(s->pub, data, len) != 0)
-    px_session_close(s, "retry connection write failed");
+    px_session_close(s, PX_CR_RETRY_CONNECTION_WRITE_FAILED);
 }
 
 void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
@@ -428,7 +432,7 @@ void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
     run_flush(s);
   px_chunk *c = px_chunk_new(len);
   if (!c) {
-    px_session_close(s, "out of memory");
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
     return;
   }
   memcpy(c->data, data, len);
@@ -443,7 +447,7 @@ void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
     run_flush(s);
   px_chunk *c = px_chunk_new(len + AMQP_FRAME_OVERHEAD);
   if (!c) {
-    px_session_close(s, "out of memory");
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
     return;
   }
   long n =
@@ -525,18 +529,24 @@ void px__drop_held(px_session *s, px_chan *c) {
     side_pressure(&s->upstream);
 }
 
-void px__finishing(px_session *s, const char *reason) {
-  if (!s->close_reason)
-    s->close_reason = reason;
+void px__finishing(px_session *s, px_close_reason reason) {
+  note_reason(s, reason);
   px__set_state(s, PX_S_FINISHING);
   uv_timer_stop(&s->timer);
   uv_timer_start(&s->timer, on_close_wait_timeout, PX_FINISH_WAIT_MS, 0);
 }
 
+/* A failed shutdown ends the session like a failed write (unless a
+ * reason was already given). */
+static px_close_reason write_failed_reason(const px_side *side) {
+  return side == &side->s->client ? PX_CR_CLIENT_WRITE_FAILED
+                                  : PX_CR_UPSTREAM_WRITE_FAILED;
+}
+
 static void on_shutdown(uv_shutdown_t *req, int status) {
   px_side *side = req->data;
   if (side->s->state != PX_S_CLOSED && status < 0)
-    px_session_close(side->s, side->s->close_reason);
+    px_session_close(side->s, write_failed_reason(side));
 }
 
 /* Shut down the write side of a lingering side once its output is out.
@@ -554,7 +564,7 @@ static void side_shutdown(px_side *side) {
   side->shutdown_req.data = side;
   if (uv_shutdown(&side->shutdown_req, (uv_stream_t *)&side->tcp, on_shutdown) <
       0)
-    px_session_close(side->s, side->s->close_reason);
+    px_session_close(side->s, write_failed_reason(side));
 }
 
 /* End the session through `side`: stop reading the other side, flush
@@ -591,9 +601,9 @@ void px__release_conn_hold(px_session *s) {
   side_flush(&s->upstream);
 }
 
-void px__close_after_flush(px_session *s, px_side *side, const char *reason) {
-  if (!s->close_reason)
-    s->close_reason = reason;
+void px__close_after_flush(px_session *s, px_side *side,
+                           px_close_reason reason) {
+  note_reason(s, reason);
   if (side->connected)
     side_linger(side);
   else
@@ -611,6 +621,14 @@ void px__emit_close(px_session *s, px_side *side, uint16_t code,
   m.args[AMQP_F_CONNECTION_CLOSE_CLASS_ID].u = class_id;
   m.args[AMQP_F_CONNECTION_CLOSE_METHOD_ID].u = method_id;
   px__emit_method(s, side, 0, &m);
+}
+
+void px__tell_client(px_session *s, px_close_reason reason) {
+  char text[128];
+  int code = px_close_reply(reason);
+  snprintf(text, sizeof text, "%s - %s", amqp_reply_name(code),
+           px_close_text(reason));
+  px__close_client(s, (uint16_t)code, text, 0, 0);
 }
 
 void px__close_client(px_session *s, uint16_t code, const char *text,
@@ -673,7 +691,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
     s->proxy_closing = true;
     px__set_state(s, PX_S_CLOSING);
     px__emit(s, &s->client, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
-    px__close_after_flush(s, &s->client, "bad protocol header");
+    px__close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
     return -1;
   }
   if (!s->upstream.connected) { /* forwarded once the upstream is up */
@@ -706,15 +724,9 @@ static void input_error(px_session *s, px_side *from, long status) {
     px__upstream_error(s, text);
     return;
   }
-  char reply[160];
   int code = amqp_status_reply_code((int)status);
-  snprintf(reply, sizeof reply, "%s - %s",
-           code == 501   ? "FRAME_ERROR"
-           : code == 502 ? "SYNTAX_ERROR"
-           : code == 505 ? "UNEXPECTED_FRAME"
-                         : "COMMAND_INVALID",
-           text);
-  px__client_error(s, (uint16_t)(code ? code : 501), reply, 0);
+  px__client_error(s, (uint16_t)(code ? code : AMQP_REPLY_FRAME_ERROR), text,
+                   0);
 }
 
 /* Parse and dispatch every whole frame in `from`'s chunk. */
@@ -800,7 +812,7 @@ static void process_input(px_session *s, px_side *from) {
     if (act == PX_HOLD) {
       px_chunk_ref(c);
       if (px_chan_hold(hold, (px_slice){c, raw, (uint32_t)n}) != 0)
-        px_session_close(s, "out of memory");
+        px_session_close(s, PX_CR_OUT_OF_MEMORY);
       else
         s->held_bytes += (uint32_t)n;
     }
@@ -836,7 +848,7 @@ static void settle_chunk(px_side *side) {
     if (size > frame_limit(side->s, side))
       return; /* cannot be: the parser refuses it (frame-max bounds it) */
     if (size > c->cap - c->off && !side_relocate(side, size))
-      px_session_close(side->s, "out of memory");
+      px_session_close(side->s, PX_CR_OUT_OF_MEMORY);
   }
 }
 
@@ -845,11 +857,11 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   uv_read_stop((uv_stream_t *)&side->tcp);
   side->reading = false;
   if (side->lingering || (side == &s->client && s->state == PX_S_FINISHING)) {
-    px_session_close(s, s->close_reason ? s->close_reason : "client closed");
+    px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
   }
   if (side == &s->upstream && s->state == PX_S_FINISHING) {
-    px__close_after_flush(s, &s->client, s->close_reason);
+    px__close_after_flush(s, &s->client, PX_CR_BROKER_CLOSED);
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
@@ -860,22 +872,22 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("error", uv_strerror((int)err)));
     px__close_after_flush(s, &s->upstream,
-                          s->state == PX_S_CLOSING ? "client closed"
-                                                   : "client disconnected");
+                          s->state == PX_S_CLOSING ? PX_CR_CLIENT_CLOSED
+                                                   : PX_CR_CLIENT_DISCONNECTED);
     return;
   }
   if (s->state == PX_S_CLOSING || s->state == PX_S_CONNECTING ||
       s->state == PX_S_HANDSHAKE || s->proxy_closing) {
     px__close_after_flush(s, &s->client,
-                          s->state == PX_S_CLOSING ? "broker closed"
-                                                   : "broker disconnected");
+                          s->state == PX_S_CLOSING ? PX_CR_BROKER_CLOSED
+                                                   : PX_CR_BROKER_DISCONNECTED);
     return;
   }
   px_warn("upstream_lost", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error",
                clean ? "connection closed by broker" : uv_strerror((int)err)));
-  s->close_reason = "broker connection lost";
-  px__close_client(s, 320, "CONNECTION_FORCED - broker connection lost", 0, 0);
+  s->close_reason = PX_CR_BROKER_LOST;
+  px__tell_client(s, PX_CR_BROKER_LOST);
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
@@ -891,7 +903,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       side->in = NULL;
     }
     if (nread == UV_ENOBUFS)
-      px_session_close(s, "out of memory");
+      px_session_close(s, PX_CR_OUT_OF_MEMORY);
     else
       side_eof(s, side, nread);
     return;
@@ -1011,7 +1023,7 @@ static void upstream_try_next(px_session *s) {
   if (s->upstream_idx >= cfg->n_upstreams) {
     px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
              PX_S("tried", s->upstream_errors));
-    px_session_close(s, "no upstream reachable");
+    px_session_close(s, PX_CR_NO_UPSTREAM);
     return;
   }
   const px_addr *a = &cfg->upstream[s->upstream_idx];
@@ -1043,7 +1055,7 @@ static void on_handshake_timeout(uv_timer_t *t) {
   px_warn("handshake_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("state", px_state_name(s->state)),
           PX_U("timeout_ms", s->srv->cfg->handshake_timeout_ms));
-  px_session_close(s, "handshake timeout");
+  px_session_close(s, PX_CR_HANDSHAKE_TIMEOUT);
 }
 
 static void describe_peer(uv_tcp_t *tcp, char *out, size_t cap) {
@@ -1119,12 +1131,12 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
 
 void px_session_drain(px_session *s) {
   if (s->state != PX_S_OPEN) {
-    px_session_close(s, "rebound shutting down");
+    px_session_close(s, PX_CR_SHUTTING_DOWN);
     return;
   }
   s->draining = true;
-  s->close_reason = "rebound shutting down";
-  px__close_client(s, 320, "CONNECTION_FORCED - rebound shutting down", 0, 0);
+  s->close_reason = PX_CR_SHUTTING_DOWN;
+  px__tell_client(s, PX_CR_SHUTTING_DOWN);
 }
 
 void px__handshake_done(px_session *s) {

@@ -20,6 +20,7 @@
 
 #include "px_buf.h"
 #include "px_chan.h"
+#include "px_close.h"
 #include "px_pub.h"
 #include "px_ring.h"
 
@@ -87,7 +88,7 @@ typedef struct px_session {
   char vhost[128];
   char upstream_errors[384]; /* "addr: error; ..." of failed attempts */
   char upstream_addr[300];   /* the one being tried / used */
-  const char *close_reason;
+  uint8_t close_reason;      /* px_close_reason: the first that applied */
 
   /* offered in connection.tune, negotiated in tune-ok */
   uint16_t offer_channel_max;
@@ -175,8 +176,9 @@ int px_session_accept(struct px_server *srv, uv_stream_t *listener);
  * an open client, an immediate close otherwise. */
 void px_session_drain(px_session *s);
 
-/* Close both sockets now; `reason` is logged. Safe to call twice. */
-void px_session_close(px_session *s, const char *reason);
+/* Close both sockets now; `reason` (px_close.h) is logged and counted
+ * unless an earlier one was noted. Safe to call twice. */
+void px_session_close(px_session *s, px_close_reason reason);
 
 const char *px_state_name(int state);
 

@@ -32,9 +32,9 @@ void px__chans_free(px_session *s);
 void px__chan_release(px_session *s, px_chan *c);
 
 /* A protocol error by the client: logged (protocol_error), connection
- * .close with `code` and `text` naming the offending method `id` (0:
- * none). Returns PX_STOP. */
-int px__client_error(px_session *s, uint16_t code, const char *text,
+ * .close with `code` and the text "NAME - detail" (the code's name),
+ * naming the offending method `id` (0: none). Returns PX_STOP. */
+int px__client_error(px_session *s, uint16_t code, const char *detail,
                      uint32_t id);
 /* A protocol error by the broker (`what` for the log): the client gets
  * connection.close 541. Returns PX_STOP. */
@@ -55,7 +55,7 @@ void px__release_held(px_session *s, px_chan *c);
 void px__drop_held(px_session *s, px_chan *c);
 /* A close-ok has passed: the session is finishing, `reason` is logged
  * when it ends. */
-void px__finishing(px_session *s, const char *reason);
+void px__finishing(px_session *s, px_close_reason reason);
 
 /* Queue a connection.close for `side`. */
 void px__emit_close(px_session *s, px_side *side, uint16_t code,
@@ -66,11 +66,14 @@ void px__emit_close(px_session *s, px_side *side, uint16_t code,
  * answers close-ok or a short timeout passes. */
 void px__close_client(px_session *s, uint16_t code, const char *text,
                       uint16_t class_id, uint16_t method_id);
+/* px__close_client() with the reason's reply code and "NAME - text". */
+void px__tell_client(px_session *s, px_close_reason reason);
 
 /* End the session through `side`: write out what is queued for it, shut
  * down its write side and drain it until it hangs up (px_session.c); a side
  * not connected closes the session at once. */
-void px__close_after_flush(px_session *s, px_side *side, const char *reason);
+void px__close_after_flush(px_session *s, px_side *side,
+                           px_close_reason reason);
 
 void px__set_state(px_session *s, px_state state);
 
