@@ -6,16 +6,19 @@
  * select-ok (publishes on a confirm channel are acked one by one),
  * basic.qos-ok, queue.declare-ok, basic.consume-ok, cancel-ok, close-ok.
  * After basic.consume it writes basic.deliver + content header
- * (delivery-mode 1) + one body frame of --body bytes (default 256) to that
- * consumer as fast as the socket takes them, with increasing delivery tags,
- * until the consumer goes away. Nothing is ever stored.
+ * (delivery-mode 1) + one body frame of --body-size bytes (default 256; no
+ * body frame for 0) to that consumer as fast as the socket takes them, with
+ * increasing delivery tags, until the consumer goes away, or until it has
+ * written --messages N deliveries to it (then the connection stays open and
+ * quiet until the client closes it). Nothing is ever stored.
  *
  * One thread, poll(2), non-blocking sockets. Links nothing of rebound.
  *
- *   fake_broker [--listen 127.0.0.1:PORT] [--body N] [--block BYTES]
- *               [--timeout S]
- * Prints "LISTENING <port>" once bound (port 0 picks one). Exits after
- * --timeout seconds (default 900) or on SIGTERM/SIGINT.
+ *   fake_broker [--listen 127.0.0.1:PORT] [--body-size N] [--messages N]
+ *               [--block BYTES] [--timeout S]
+ * (--body is the same as --body-size.) Prints "LISTENING <port>" once bound
+ * (port 0 picks one). Exits after --timeout seconds (default 900) or on
+ * SIGTERM/SIGINT.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -46,6 +49,9 @@ typedef struct conn {
   ba_buf block;     /* whole messages; block.off = bytes written */
   size_t *tag_offs; /* where each delivery tag sits in the block */
   size_t ntags;
+  size_t msg_bytes;   /* one message (all three frames) in the block */
+  size_t block_msgs;  /* messages in the block as it is now */
+  uint64_t msgs_left; /* with --messages: deliveries still to write */
   /* publisher confirms, a few channels */
   uint16_t confirm_ch[8];
   uint64_t confirm_seq[8];
@@ -53,8 +59,9 @@ typedef struct conn {
 
 static int body_size = 256;
 static size_t block_target = 64 * 1024;
+static uint64_t max_messages; /* per consumer; 0: no limit */
 static volatile sig_atomic_t stop;
-static uint64_t frames_flooded;
+static uint64_t frames_flooded, messages_flooded;
 
 static void on_signal(int sig) {
   (void)sig;
@@ -133,11 +140,21 @@ static void build_block(conn *c, const char *ctag) {
       ba_frame_end(&c->block, at);
     }
   }
+  c->msg_bytes = c->block.len / c->ntags; /* all messages are alike */
 }
 
+/* The next block of deliveries: new tags; with --messages, no more
+ * messages than are left (the last block is cut at a message boundary). */
 static void refill_block(conn *c) {
-  for (size_t i = 0; i < c->ntags; i++)
+  size_t n = c->ntags;
+  if (max_messages && c->msgs_left < n)
+    n = (size_t)c->msgs_left;
+  for (size_t i = 0; i < n; i++)
     ba_set_u64(c->block.p + c->tag_offs[i], ++c->next_tag);
+  if (max_messages)
+    c->msgs_left -= n;
+  c->block_msgs = n;
+  c->block.len = n * c->msg_bytes;
   c->block.off = 0;
 }
 
@@ -240,6 +257,7 @@ static void handle_method(conn *c, const ba_frame *f) {
     if (!c->flooding) {
       c->flooding = true;
       c->flood_ch = ch;
+      c->msgs_left = max_messages;
       build_block(c, name);
       refill_block(c);
     }
@@ -337,8 +355,12 @@ static int conn_write(conn *c) {
     b->off += (size_t)n;
     if (b == &c->out && c->out.off == c->out.len)
       c->out.off = c->out.len = 0;
-    if (b == &c->block && c->block.off == c->block.len)
-      frames_flooded += c->ntags * (body_size > 0 ? 3 : 2);
+    if (b == &c->block && c->block.off == c->block.len) {
+      frames_flooded += c->block_msgs * (body_size > 0 ? 3 : 2);
+      messages_flooded += c->block_msgs;
+      if (max_messages && c->msgs_left == 0)
+        c->flooding = false; /* all --messages written */
+    }
   }
   return c->close_when_flushed ? -1 : 0;
 }
@@ -354,15 +376,23 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--listen"))
       listen_at = argv[i + 1];
-    else if (!strcmp(argv[i], "--body"))
+    else if (!strcmp(argv[i], "--body") || !strcmp(argv[i], "--body-size"))
       body_size = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--block"))
+    else if (!strcmp(argv[i], "--messages")) {
+      char *e;
+      max_messages = strtoull(argv[i + 1], &e, 10);
+      if (*e || !max_messages || argv[i + 1][0] == '-') {
+        fprintf(stderr, "fake_broker: --messages N (N >= 1)\n");
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--block"))
       block_target = (size_t)atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--timeout"))
       timeout = atof(argv[i + 1]);
     else {
       fprintf(stderr, "usage: fake_broker [--listen 127.0.0.1:PORT] "
-                      "[--body N] [--block BYTES] [--timeout S]\n");
+                      "[--body-size N] [--messages N] [--block BYTES] "
+                      "[--timeout S]\n");
       return 2;
     }
   }
@@ -454,7 +484,10 @@ int main(int argc, char **argv) {
   free(conns);
   free(pfds);
   close(lfd);
-  fprintf(stderr, "fake_broker: exit, %llu delivery frames written\n",
-          (unsigned long long)frames_flooded);
+  fprintf(stderr,
+          "fake_broker: exit, %llu delivery frames (%llu messages) "
+          "written\n",
+          (unsigned long long)frames_flooded,
+          (unsigned long long)messages_flooded);
   return 0;
 }
