@@ -28,13 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_conn.h"
 #include "px_metrics.h"
 #include "px_session_int.h"
 
 #define PX_HIGH_WATER (512 * 1024)
 #define PX_LOW_WATER (128 * 1024)
-/* Reads smaller than this are not worth a syscall: move to a new chunk. */
-#define PX_MIN_READ 2048
 /* Frame size accepted before connection.tune-ok fixes frame-max. */
 #define PX_PRETUNE_FRAME_MAX 131072
 /* Frames from the broker are accepted up to this (see frame_limit()). */
@@ -48,22 +47,13 @@
 
 static void upstream_try_next(px_session *s);
 
-typedef struct px_write {
-  uv_write_t req;
-  px_side *side;
-  size_t bytes;
-  unsigned n;
-  px_chunk *chunks[PX_OUT_MAX];
-  uv_buf_t bufs[PX_OUT_MAX];
-} px_write;
-
 const char *px_state_name(int state) {
   static const char *const names[] = {"connecting", "handshake", "open",
                                       "closing",    "finishing", "closed"};
   return state >= 0 && state < 6 ? names[state] : "?";
 }
 
-static px_side *other_side(px_session *s, px_side *side) {
+static px_conn *other_side(px_session *s, px_conn *side) {
   return side == &s->client ? &s->upstream : &s->client;
 }
 
@@ -91,21 +81,21 @@ static void session_free(px_session *s) {
   px__retry_free(s);
   if (s->conn_held)
     px_chunk_unref(s->conn_hold.chunk);
-  for (px_side *side = &s->client; side;
-       side = side == &s->client ? &s->upstream : NULL) {
-    for (unsigned i = 0; i < side->nout; i++)
-      px_chunk_unref(side->out[i].chunk);
-    if (side->in)
-      px_chunk_unref(side->in);
-  }
+  px_conn_free(&s->client);
+  px_conn_free(&s->upstream);
   px_server_session_gone(s->srv, s);
   free(s);
 }
 
 static void on_handle_closed(uv_handle_t *h) {
   px_session *s = h->data;
+  if (--s->open_handles == 0 && !s->gai_pending)
+    session_free(s);
+}
 
-  if (h == (uv_handle_t *)&s->upstream.tcp && s->state != PX_S_CLOSED) {
+static void on_conn_closed(void *ctx, px_conn *c) {
+  px_session *s = ctx;
+  if (c == &s->upstream && s->state != PX_S_CLOSED) {
     /* a failed connect attempt: try the next upstream */
     s->open_handles--;
     upstream_try_next(s);
@@ -113,13 +103,6 @@ static void on_handle_closed(uv_handle_t *h) {
   }
   if (--s->open_handles == 0 && !s->gai_pending)
     session_free(s);
-}
-
-static void side_close(px_side *side) {
-  if (side->open && !uv_is_closing((uv_handle_t *)&side->tcp))
-    uv_close((uv_handle_t *)&side->tcp, on_handle_closed);
-  side->open = false;
-  side->connected = false;
 }
 
 /* The first reason that applies is the one logged and counted. */
@@ -147,8 +130,8 @@ void px_session_close(px_session *s, px_close_reason reason) {
   uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
   uv_timer_stop(&s->defer_timer);
   uv_close((uv_handle_t *)&s->defer_timer, on_handle_closed);
-  side_close(&s->client);
-  side_close(&s->upstream);
+  px_conn_close(&s->client);
+  px_conn_close(&s->upstream);
   px_pub_close(s->pub);
   s->pub = NULL;
   s->pub_ready = false;
@@ -179,16 +162,13 @@ static void on_retries_timeout(uv_timer_t *t) {
   px_session_close(s, s->close_reason);
 }
 
-static void side_pressure(px_side *side);
+static void side_pressure(px_conn *side);
 
 /* Nothing more is written to the client (it is gone). Reading the broker
  * resumes if the client's backlog had paused it: the confirms of copies
  * in flight must get through. */
 static void client_stop_writing(px_session *s) {
-  s->client.connected = false;
-  for (unsigned i = 0; i < s->client.nout; i++)
-    px_chunk_unref(s->client.out[i].chunk);
-  s->client.nout = 0;
+  px_conn_stop_writing(&s->client);
   side_pressure(&s->client);
 }
 
@@ -201,9 +181,7 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
     return s->client_gone;
   s->client_gone = true;
   s->client_write_failed = write_failed;
-  if (s->client.reading)
-    uv_read_stop((uv_stream_t *)&s->client.tcp);
-  s->client.reading = s->client.paused = false;
+  px_conn_stop_reading(&s->client);
   client_stop_writing(s);
   px_info("client_gone_retries_pending", PX_U("id", s->id),
           PX_S("peer", s->peer), PX_U("pending", s->ops.n),
@@ -224,9 +202,7 @@ static void arm_close_timer(px_session *s) {
 
 /* ---- writing ------------------------------------------------------------ */
 
-static void side_resume(px_side *side);
-static void side_shutdown(px_side *side);
-static void side_start_reading(px_side *side);
+static void side_resume(px_session *s, px_conn *side);
 
 /* Before the client's reset or EOF shows on the read side, a write to it
  * failed. What it sent before it went is still readable (a nack whose copy
@@ -247,14 +223,16 @@ static void client_write_failed(px_session *s, int err) {
   note_reason(s, PX_CR_CLIENT_WRITE_FAILED);
   uv_timer_stop(&s->timer);
   uv_timer_start(&s->timer, on_client_dead_timeout, PX_CLOSE_WAIT_MS, 0);
-  s->client.paused = false;
-  side_start_reading(&s->client);
+  px_conn_resume(&s->client);
 }
 
 /* A write to `side` failed (at once or later): log and close. A client
  * that hangs up once its close handshake is done ends normally. */
-static void side_write_failed(px_side *side, int err) {
-  px_session *s = side->s;
+static void side_write_failed(px_session *s, px_conn *side, int err) {
+  if (err == UV_ENOMEM) { /* no memory for the write request */
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
+    return;
+  }
   if (side == &s->client && (s->state == PX_S_FINISHING || side->lingering)) {
     px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
@@ -272,142 +250,55 @@ static void side_write_failed(px_side *side, int err) {
 
 /* Bytes waiting to reach `side`: in flight, and for the upstream side the
  * client frames held on channels (they are sent once released). */
-static size_t side_pending(const px_side *side) {
-  const px_session *s = side->s;
+static size_t side_pending(const px_session *s, const px_conn *side) {
   if (side == &s->client && (s->client_gone || s->client_write_failed))
     return 0; /* nothing more reaches it: the broker is read again */
-  return side->inflight + (side == &s->upstream ? s->held_bytes : 0);
+  return px_conn_pending(side) + (side == &s->upstream ? s->held_bytes : 0);
 }
 
 /* Stop reading the other side while `side` has too much pending; read it
  * again once that drained. */
-static void side_pressure(px_side *side) {
-  px_session *s = side->s;
-  px_side *other = other_side(s, side);
-  size_t pending = side_pending(side);
-  if (pending > PX_HIGH_WATER && other->reading) {
-    uv_read_stop((uv_stream_t *)&other->tcp);
-    other->reading = false;
-    other->paused = true;
-  } else if (other->paused && pending < PX_LOW_WATER) {
-    side_resume(other);
-  }
+static void side_pressure(px_conn *side) {
+  px_session *s = side->ctx;
+  px_conn *other = other_side(s, side);
+  size_t pending = side_pending(s, side);
+  if (pending > PX_HIGH_WATER && other->reading)
+    px_conn_pause(other);
+  else if (other->paused && pending < PX_LOW_WATER)
+    side_resume(s, other);
 }
 
-static void on_write(uv_write_t *req, int status) {
-  px_write *w = (px_write *)req;
-  px_side *side = w->side;
-  px_session *s = side->s;
-
-  for (unsigned i = 0; i < w->n; i++)
-    px_chunk_unref(w->chunks[i]);
-  side->inflight -= w->bytes;
-  free(w);
-  if (s->state == PX_S_CLOSED)
+static void on_conn_written(void *ctx, px_conn *side) {
+  px_session *s = ctx;
+  if (s->state == PX_S_CLOSED || (side->lingering && px_conn_drained(side)))
     return;
-  if (status < 0) {
-    side_write_failed(side, status);
-    return;
-  }
-  if (side->lingering && side->inflight == 0 && side->nout == 0) {
-    side_shutdown(side);
-    return;
-  }
   side_pressure(side);
 }
 
-/* Write what the socket takes now without a request (the common case: no
- * write pending); drop the slices done, trim a partly written one. Returns
- * 0, or a negative libuv error. */
-static int side_try_write(px_side *side) {
-  uv_buf_t bufs[PX_OUT_MAX];
-  for (unsigned i = 0; i < side->nout; i++)
-    bufs[i] = uv_buf_init((char *)side->out[i].ptr, side->out[i].len);
-  int n = uv_try_write((uv_stream_t *)&side->tcp, bufs, side->nout);
-  if (n == UV_EAGAIN || n == UV_ENOSYS)
-    return 0;
-  if (n < 0)
-    return n;
-  side->bytes_out += (uint64_t)n;
-  unsigned done = 0;
-  size_t left = (size_t)n;
-  while (done < side->nout && left >= side->out[done].len) {
-    left -= side->out[done].len;
-    px_chunk_unref(side->out[done++].chunk);
-  }
-  if (done < side->nout) {
-    side->out[done].ptr += left;
-    side->out[done].len -= (uint32_t)left;
-  }
-  side->nout -= done;
-  if (done && side->nout)
-    memmove(side->out, side->out + done, side->nout * sizeof *side->out);
-  return 0;
+static void on_conn_write_failed(void *ctx, px_conn *side, int err) {
+  px_session *s = ctx;
+  if (s->state != PX_S_CLOSED)
+    side_write_failed(s, side, err);
 }
 
-static void side_flush(px_side *side) {
-  px_session *s = side->s;
-  if (side->nout == 0 || !side->connected)
-    return;
-  if (side->inflight == 0) {
-    int rc = side_try_write(side);
-    if (rc < 0) {
-      side_write_failed(side, rc);
-      return;
-    }
-    if (side->nout == 0)
-      return;
-  }
-  px_write *w = malloc(sizeof *w);
-  if (!w) {
-    px_session_close(s, PX_CR_OUT_OF_MEMORY);
-    return;
-  }
-  w->side = side;
-  w->n = side->nout;
-  w->bytes = 0;
-  for (unsigned i = 0; i < w->n; i++) {
-    w->bufs[i] = uv_buf_init((char *)side->out[i].ptr, side->out[i].len);
-    w->chunks[i] = side->out[i].chunk;
-    w->bytes += side->out[i].len;
-  }
-  side->nout = 0;
-  int rc =
-      uv_write(&w->req, (uv_stream_t *)&side->tcp, w->bufs, w->n, on_write);
-  if (rc < 0) {
-    for (unsigned i = 0; i < w->n; i++)
-      px_chunk_unref(w->chunks[i]);
-    free(w);
-    side_write_failed(side, rc);
-    return;
-  }
-  side->inflight += w->bytes;
-  side->bytes_out += w->bytes;
-  side_pressure(side);
+static void side_flush(px_conn *side) {
+  px_session *s = side->ctx;
+  bool had = side->nout > 0 && side->connected;
+  int rc = px_conn_flush(side);
+  if (rc < 0)
+    side_write_failed(s, side, rc);
+  else if (had && side->inflight)
+    side_pressure(side);
 }
 
 /* Queue bytes of `c` for `side`, taking a reference; contiguous bytes of the
  * same chunk extend the last slice. */
-static void side_queue(px_side *side, px_chunk *c, uint8_t *p, uint32_t len) {
-  if (!side->open || len == 0 ||
-      (side == &side->s->client &&
-       (side->s->client_gone || side->s->client_write_failed)))
-    return; /* a client gone while copies finish gets nothing more */
-  if (side->nout > 0) {
-    px_slice *last = &side->out[side->nout - 1];
-    if (last->chunk == c && last->ptr + last->len == p) {
-      last->len += len;
-      return;
-    }
-  }
-  if (side->nout == PX_OUT_MAX)
-    side_flush(side);
-  if (side->nout == PX_OUT_MAX) { /* not connected yet: cannot happen */
-    px_session_close(side->s, PX_CR_OUTPUT_FULL);
-    return;
-  }
-  px_chunk_ref(c);
-  side->out[side->nout++] = (px_slice){c, p, len};
+static void side_queue(px_conn *side, px_chunk *c, uint8_t *p, uint32_t len) {
+  int rc = px_conn_queue(side, c, p, len);
+  if (rc == UV_ENOBUFS) /* the slice table is full before connect */
+    px_session_close(side->ctx, PX_CR_OUTPUT_FULL);
+  else if (rc < 0)
+    side_write_failed(side->ctx, side, rc);
 }
 
 static void run_flush(px_session *s) {
@@ -423,25 +314,21 @@ static void pub_emit(px_session *s, const uint8_t *data, size_t len) {
     px_session_close(s, PX_CR_RETRY_CONNECTION_WRITE_FAILED);
 }
 
-void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len) {
+void px__emit(px_session *s, px_conn *side, const uint8_t *data, size_t len) {
   if (!side) {
     pub_emit(s, data, len);
     return;
   }
   if (s->run.to == side)
     run_flush(s);
-  px_chunk *c = px_chunk_new(len);
-  if (!c) {
-    px_session_close(s, PX_CR_OUT_OF_MEMORY);
-    return;
-  }
-  memcpy(c->data, data, len);
-  c->len = (uint32_t)len;
-  side_queue(side, c, c->data, (uint32_t)len);
-  px_chunk_unref(c);
+  int rc = px_conn_queue_copy(side, data, len);
+  if (rc == UV_ENOBUFS)
+    px_session_close(s, PX_CR_OUTPUT_FULL);
+  else if (rc < 0)
+    side_write_failed(s, side, rc);
 }
 
-void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
+void px__emit_frame(px_session *s, px_conn *side, uint8_t type, uint16_t ch,
                     const uint8_t *payload, size_t len) {
   if (side && s->run.to == side)
     run_flush(s);
@@ -470,7 +357,7 @@ void px__session_flush(px_session *s) {
     side_pressure(&s->upstream);
 }
 
-void px__emit_method(px_session *s, px_side *side, uint16_t ch,
+void px__emit_method(px_session *s, px_conn *side, uint16_t ch,
                      const amqp_method *m) {
   uint8_t buf[1024];
   long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
@@ -536,58 +423,18 @@ void px__finishing(px_session *s, px_close_reason reason) {
   uv_timer_start(&s->timer, on_close_wait_timeout, PX_FINISH_WAIT_MS, 0);
 }
 
-/* A failed shutdown ends the session like a failed write (unless a
- * reason was already given). */
-static px_close_reason write_failed_reason(const px_side *side) {
-  return side == &side->s->client ? PX_CR_CLIENT_WRITE_FAILED
-                                  : PX_CR_UPSTREAM_WRITE_FAILED;
-}
-
-static void on_shutdown(uv_shutdown_t *req, int status) {
-  px_side *side = req->data;
-  if (side->s->state != PX_S_CLOSED && status < 0)
-    px_session_close(side->s, write_failed_reason(side));
-}
-
-/* Shut down the write side of a lingering side once its output is out.
- * The broker, once rebound has sent it connection.close, only after its
- * close-ok: a broker that sees the socket end first drops the connection
- * as "unexpectedly closed", and acks it had read but not yet handled may
- * be lost (the delivery requeued, a duplicate of a confirmed copy). */
-static void side_shutdown(px_side *side) {
-  px_session *s = side->s;
-  if (side == &s->upstream && s->up_close_sent && !s->up_close_answered)
-    return;
-  if (side->shut || !side->connected)
-    return;
-  side->shut = true;
-  side->shutdown_req.data = side;
-  if (uv_shutdown(&side->shutdown_req, (uv_stream_t *)&side->tcp, on_shutdown) <
-      0)
-    px_session_close(side->s, write_failed_reason(side));
-}
-
 /* End the session through `side`: stop reading the other side, flush
  * what `side` is owed, shut down its write side, then drop its input until
  * it hangs up (or PX_CLOSE_WAIT_MS). Closing a socket whose peer's data
  * sits unread makes the kernel reset it and drop what was just written (a
  * client's close-ok, the ack of an original whose copy is confirmed):
  * draining first lets the peer read everything. */
-static void side_linger(px_side *side) {
-  px_session *s = side->s;
-  px_side *other = other_side(s, side);
-  if (other->reading)
-    uv_read_stop((uv_stream_t *)&other->tcp);
-  other->reading = other->paused = false;
-  side->lingering = true;
-  side->paused = false;
+static void side_linger(px_session *s, px_conn *side) {
+  px_conn_stop_reading(other_side(s, side));
   arm_close_timer(s);
-  side_flush(side);
-  if (s->state == PX_S_CLOSED)
-    return;
-  if (side->inflight == 0 && side->nout == 0)
-    side_shutdown(side);
-  side_start_reading(side);
+  int rc = px_conn_linger(side);
+  if (rc < 0)
+    side_write_failed(s, side, rc);
 }
 
 void px__release_conn_hold(px_session *s) {
@@ -601,20 +448,23 @@ void px__release_conn_hold(px_session *s) {
   side_flush(&s->upstream);
 }
 
-void px__close_after_flush(px_session *s, px_side *side,
+void px__close_after_flush(px_session *s, px_conn *side,
                            px_close_reason reason) {
   note_reason(s, reason);
   if (side->connected)
-    side_linger(side);
+    side_linger(s, side);
   else
     px_session_close(s, reason);
 }
 
-void px__emit_close(px_session *s, px_side *side, uint16_t code,
+void px__emit_close(px_session *s, px_conn *side, uint16_t code,
                     const char *text, uint16_t class_id, uint16_t method_id) {
   amqp_method m;
-  if (side == &s->upstream)
+  if (side == &s->upstream) { /* its write side stays open until the
+                                 broker answers (see await_close_ok()) */
     s->up_close_sent = true;
+    px_conn_hold_shutdown(side);
+  }
   amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = code;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
@@ -642,39 +492,6 @@ void px__close_client(px_session *s, uint16_t code, const char *text,
   arm_close_timer(s);
 }
 
-/* ---- reading ------------------------------------------------------------ */
-
-/* Move the unparsed bytes into a chunk of at least `need` bytes. */
-static px_chunk *side_relocate(px_side *side, size_t need) {
-  px_chunk *old = side->in;
-  size_t keep = old ? old->len - old->off : 0;
-  px_chunk *c = px_chunk_new(need > keep ? need : keep + PX_MIN_READ);
-  if (!c)
-    return NULL;
-  if (keep)
-    memcpy(c->data, old->data + old->off, keep);
-  c->len = (uint32_t)keep;
-  if (old)
-    px_chunk_unref(old);
-  side->in = c;
-  return c;
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  px_session *s = h->data;
-  px_side *side =
-      h == (uv_handle_t *)&s->client.tcp ? &s->client : &s->upstream;
-  px_chunk *c = side->in;
-  (void)suggested;
-  if (!c || c->cap - c->len < PX_MIN_READ)
-    c = side_relocate(side, PX_CHUNK_SIZE);
-  if (!c) {
-    *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS */
-    return;
-  }
-  *buf = uv_buf_init((char *)c->data + c->len, c->cap - c->len);
-}
-
 /* Answer a bad protocol header as the spec says: with ours, then close. */
 static int check_client_header(px_session *s, px_chunk *c) {
   long rc = amqp_protocol_header_parse(c->data + c->off, c->len - c->off);
@@ -695,8 +512,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
     return -1;
   }
   if (!s->upstream.connected) { /* forwarded once the upstream is up */
-    uv_read_stop((uv_stream_t *)&s->client.tcp);
-    s->client.reading = false;
+    px_conn_stop_reading(&s->client);
     return 0;
   }
   side_queue(&s->upstream, c, c->data + c->off, AMQP_PROTOCOL_HEADER_SIZE);
@@ -709,7 +525,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
  * negotiated. The broker is not: RabbitMQ itself sends content headers over
  * frame-max once dead-lettering has added x-death, and clients accept them,
  * so rebound passes them too, up to the 4 MiB it ever accepts. */
-static uint32_t frame_limit(const px_session *s, const px_side *side) {
+static uint32_t frame_limit(const px_session *s, const px_conn *side) {
   if (!s->frame_max)
     return PX_PRETUNE_FRAME_MAX;
   return side == &s->upstream && s->frame_max < PX_UPSTREAM_FRAME_MAX
@@ -718,7 +534,7 @@ static uint32_t frame_limit(const px_session *s, const px_side *side) {
 }
 
 /* A frame that does not parse: the stream is out of step. */
-static void input_error(px_session *s, px_side *from, long status) {
+static void input_error(px_session *s, px_conn *from, long status) {
   const char *text = amqp_status_str((int)status);
   if (from == &s->upstream) {
     px__upstream_error(s, text);
@@ -748,15 +564,16 @@ static void await_close_ok(px_session *s, px_chunk *c) {
     if (f.channel == 0 &&
         (id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE)) {
       s->up_close_answered = true;
-      if (s->upstream.inflight == 0 && s->upstream.nout == 0)
-        side_shutdown(&s->upstream);
+      int rc = px_conn_release_shutdown(&s->upstream);
+      if (rc < 0)
+        side_write_failed(s, &s->upstream, rc);
     }
   }
 }
 
-static void process_input(px_session *s, px_side *from) {
+static void process_input(px_session *s, px_conn *from) {
   px_chunk *c = from->in;
-  px_side *to = other_side(s, from);
+  px_conn *to = other_side(s, from);
 
   if (from == &s->upstream && from->lingering && s->up_close_sent &&
       !s->up_close_answered) {
@@ -833,29 +650,23 @@ static void process_input(px_session *s, px_side *from) {
 
 /* After parsing: release a spent chunk, or make room for a big frame
  * (whose size the parser has already checked against frame-max). */
-static void settle_chunk(px_side *side) {
-  px_chunk *c = side->in;
-  if (!c || side->s->state == PX_S_CONNECTING) /* protocol header pending */
+static void settle_chunk(px_session *s, px_conn *side) {
+  px_chunk *c = px_conn_input(side);
+  size_t need = 0;
+  if (!c || s->state == PX_S_CONNECTING) /* protocol header pending */
     return;
-  if (c->off == c->len) {
-    px_chunk_unref(c);
-    side->in = NULL;
-    return;
-  }
   if (c->len - c->off >= AMQP_FRAME_HEADER_SIZE) {
     amqp_reader r = amqp_reader_make(c->data + c->off + 3, 4);
-    size_t size = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
-    if (size > frame_limit(side->s, side))
-      return; /* cannot be: the parser refuses it (frame-max bounds it) */
-    if (size > c->cap - c->off && !side_relocate(side, size))
-      px_session_close(side->s, PX_CR_OUT_OF_MEMORY);
+    need = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
+    if (need > frame_limit(s, side))
+      need = 0; /* cannot be: the parser refuses it (frame-max bounds it) */
   }
+  if (px_conn_keep(side, need) != 0)
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
 }
 
-static void side_eof(px_session *s, px_side *side, ssize_t err) {
+static void side_eof(px_session *s, px_conn *side, ssize_t err) {
   bool clean = err == UV_EOF;
-  uv_read_stop((uv_stream_t *)&side->tcp);
-  side->reading = false;
   if (side->lingering || (side == &s->client && s->state == PX_S_FINISHING)) {
     px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
@@ -890,51 +701,35 @@ static void side_eof(px_session *s, px_side *side, ssize_t err) {
   px__tell_client(s, PX_CR_BROKER_LOST);
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  px_session *s = st->data;
-  px_side *side =
-      st == (uv_stream_t *)&s->client.tcp ? &s->client : &s->upstream;
-  (void)buf;
+static void on_conn_eof(void *ctx, px_conn *side, int err) {
+  px_session *s = ctx;
   if (s->state == PX_S_CLOSED)
     return;
-  if (nread < 0) {
-    if (side->in && side->in->off == side->in->len) {
-      px_chunk_unref(side->in); /* allocated for this read: give it back */
-      side->in = NULL;
-    }
-    if (nread == UV_ENOBUFS)
-      px_session_close(s, PX_CR_OUT_OF_MEMORY);
-    else
-      side_eof(s, side, nread);
-    return;
-  }
-  if (nread == 0) {
-    settle_chunk(side);
-    return;
-  }
-  side->in->len += (uint32_t)nread;
-  side->bytes_in += (uint64_t)nread;
-  if (side == &s->client)
-    s->srv->stats.bytes_c2u += (uint64_t)nread;
+  if (err == UV_ENOBUFS)
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
   else
-    s->srv->stats.bytes_u2c += (uint64_t)nread;
+    side_eof(s, side, err);
+}
+
+static void on_conn_data(void *ctx, px_conn *side, size_t n) {
+  px_session *s = ctx;
+  if (s->state == PX_S_CLOSED)
+    return;
+  if (side == &s->client)
+    s->srv->stats.bytes_c2u += (uint64_t)n;
+  else
+    s->srv->stats.bytes_u2c += (uint64_t)n;
   process_input(s, side);
   if (s->state != PX_S_CLOSED)
-    settle_chunk(side);
+    settle_chunk(s, side);
 }
 
-static void side_start_reading(px_side *side) {
-  if (side->reading || !side->open)
+static void side_resume(px_session *s, px_conn *side) {
+  if (other_side(s, side)->lingering) {
+    side->paused = false; /* the session is ending through the other side */
     return;
-  if (uv_read_start((uv_stream_t *)&side->tcp, on_alloc, on_read) == 0)
-    side->reading = true;
-}
-
-static void side_resume(px_side *side) {
-  side->paused = false;
-  if (other_side(side->s, side)->lingering)
-    return; /* the session is ending through the other side */
-  side_start_reading(side);
+  }
+  px_conn_resume(side);
 }
 
 /* ---- upstream connection ---------------------------------------------- */
@@ -946,52 +741,44 @@ static void note_upstream_error(px_session *s, const char *err) {
   px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, s->upstream_addr, NULL);
 }
 
-static void on_connect(uv_connect_t *req, int status) {
-  px_session *s = req->data;
-  s->connect_pending = false;
+static void on_conn_connected(void *ctx, px_conn *c, int status) {
+  px_session *s = ctx;
+  (void)c;
   if (s->state == PX_S_CLOSED)
     return;
   if (status < 0) {
     note_upstream_error(s, uv_strerror(status));
     s->upstream_idx++;
-    side_close(&s->upstream); /* on_handle_closed tries the next one */
+    px_conn_close(&s->upstream); /* on_conn_closed tries the next one */
     return;
   }
-  s->upstream.connected = true;
   s->srv->upstream_ok = true;
   s->srv->stats.upstream_connections_total++;
-  uv_tcp_nodelay(&s->upstream.tcp, 1);
   if (s->state != PX_S_CONNECTING)
     return; /* already closing (a bad protocol header) */
-  side_start_reading(&s->upstream);
-  if (s->client.in && s->client.in->len > s->client.in->off) {
+  px_conn_read(&s->upstream);
+  px_chunk *in = px_conn_input(&s->client);
+  if (in && in->len > in->off) {
     process_input(s, &s->client);
     if (s->state != PX_S_CLOSED)
-      settle_chunk(&s->client);
+      settle_chunk(s, &s->client);
   }
-  side_start_reading(&s->client);
+  px_conn_read(&s->client);
 }
 
 static void connect_to(px_session *s, const struct sockaddr *sa) {
   memcpy(&s->upstream_sa, sa,
          sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
                                    : sizeof(struct sockaddr_in));
-  int rc = uv_tcp_init(s->srv->loop, &s->upstream.tcp);
-  if (rc == 0) {
-    s->upstream.tcp.data = s;
-    s->upstream.open = true;
+  int rc = px_conn_connect(&s->upstream, s->srv->loop, sa);
+  if (s->upstream.open)
     s->open_handles++;
-    s->connect_req.data = s;
-    rc = uv_tcp_connect(&s->connect_req, &s->upstream.tcp, sa, on_connect);
-    if (rc == 0) {
-      s->connect_pending = true;
-      return;
-    }
-  }
+  if (rc == 0)
+    return;
   note_upstream_error(s, uv_strerror(rc));
   s->upstream_idx++;
   if (s->upstream.open)
-    side_close(&s->upstream);
+    px_conn_close(&s->upstream);
   else
     upstream_try_next(s);
 }
@@ -1058,49 +845,29 @@ static void on_handshake_timeout(uv_timer_t *t) {
   px_session_close(s, PX_CR_HANDSHAKE_TIMEOUT);
 }
 
-static void describe_peer(uv_tcp_t *tcp, char *out, size_t cap) {
-  struct sockaddr_storage ss;
-  int len = sizeof ss;
-  char ip[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) == 0) {
-    if (ss.ss_family == AF_INET6) {
-      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-      uv_ip6_name(a, ip, sizeof ip);
-      port = ntohs(a->sin6_port);
-      snprintf(out, cap, "[%s]:%u", ip, (unsigned)port);
-      return;
-    }
-    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-    uv_ip4_name(a, ip, sizeof ip);
-    port = ntohs(a->sin_port);
-  }
-  snprintf(out, cap, "%s:%u", ip, (unsigned)port);
-}
+static const px_conn_events conn_events = {
+    on_conn_data,    on_conn_eof,       on_conn_write_failed,
+    on_conn_written, on_conn_connected, on_conn_closed};
 
 int px_session_accept(px_server *srv, uv_stream_t *listener) {
   px_session *s = calloc(1, sizeof *s);
   if (!s)
     return UV_ENOMEM;
   s->srv = srv;
-  s->client.s = s->upstream.s = s;
-  s->client.name = "client";
-  s->upstream.name = "upstream";
-  int rc = uv_tcp_init(srv->loop, &s->client.tcp);
-  if (rc < 0) {
-    free(s);
-    return rc;
-  }
-  s->client.tcp.data = s;
-  s->client.open = true;
-  s->open_handles = 1;
-  rc = uv_accept(listener, (uv_stream_t *)&s->client.tcp);
+  px_conn_init(&s->client, "client", &conn_events, s);
+  px_conn_init(&s->upstream, "upstream", &conn_events, s);
+  int rc = px_conn_accept(&s->client, srv->loop, listener);
   if (rc < 0) {
     s->state = PX_S_CLOSED;
-    uv_close((uv_handle_t *)&s->client.tcp, on_handle_closed);
+    if (!s->client.open) {
+      free(s);
+      return rc;
+    }
+    s->open_handles = 1;
+    px_conn_close(&s->client); /* freed in on_conn_closed */
     return rc;
   }
-  s->client.connected = true;
+  s->open_handles = 1;
   uv_timer_init(srv->loop, &s->timer);
   s->timer.data = s;
   uv_timer_init(srv->loop, &s->retry_timer);
@@ -1111,8 +878,7 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
   s->id = ++srv->next_id;
   s->started_ms = uv_now(srv->loop);
   s->state = PX_S_CONNECTING;
-  describe_peer(&s->client.tcp, s->peer, sizeof s->peer);
-  uv_tcp_nodelay(&s->client.tcp, 1);
+  px_conn_peer(&s->client, s->peer, sizeof s->peer);
 
   s->next = srv->sessions;
   if (srv->sessions)
@@ -1124,7 +890,7 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
 
   uv_timer_start(&s->timer, on_handshake_timeout,
                  srv->cfg->handshake_timeout_ms, 0);
-  side_start_reading(&s->client);
+  px_conn_read(&s->client);
   upstream_try_next(s);
   return 0;
 }

@@ -21,6 +21,7 @@
 #include "px_buf.h"
 #include "px_chan.h"
 #include "px_close.h"
+#include "px_conn.h"
 #include "px_pub.h"
 #include "px_ring.h"
 
@@ -47,39 +48,16 @@ typedef enum px_own_state {
   PX_OWN_YIELDED, /* closed; every number is the client's */
 } px_own_state;
 
-/* Slices queued for one uv_write. */
-#define PX_OUT_MAX 64
-
-typedef struct px_side {
-  uv_tcp_t tcp;
-  struct px_session *s;
-  const char *name; /* "client" or "upstream", for logs */
-  px_chunk *in;     /* read chunk, NULL when idle */
-  px_slice out[PX_OUT_MAX];
-  unsigned nout;
-  size_t inflight; /* bytes handed to uv_write, not yet completed */
-  uint64_t bytes_in, bytes_out;
-  bool open;      /* handle initialised and not closed */
-  bool connected; /* may be written to */
-  bool reading;   /* uv_read_start active */
-  bool paused;    /* reading stopped by backpressure */
-  bool lingering; /* ending: write side shut down after a flush, input
-                     dropped until EOF or the close timer */
-  bool shut;      /* uv_shutdown issued */
-  uv_shutdown_t shutdown_req;
-} px_side;
-
 typedef struct px_session {
   struct px_server *srv;
   struct px_session *prev, *next;
   uint64_t id;
   px_state state;
-  px_side client, upstream;
+  px_conn client, upstream;
   uv_timer_t timer;       /* handshake, then close-ok wait */
   uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
-  uv_connect_t connect_req;
   uv_getaddrinfo_t gai;
-  bool gai_pending, connect_pending;
+  bool gai_pending;
   unsigned upstream_idx; /* which configured upstream is tried/used */
   unsigned open_handles;
   uint64_t started_ms;
@@ -162,7 +140,7 @@ typedef struct px_session {
 
   /* the forwardable run of frames being parsed (see px_session.c) */
   struct {
-    px_side *to;
+    px_conn *to;
     px_chunk *chunk;
     uint32_t start, end;
   } run;

@@ -42,9 +42,9 @@ int px__upstream_error(px_session *s, const char *what);
 
 /* Queue a frame rebound generates for `side`, after everything already
  * queued or being parsed for it. */
-void px__emit(px_session *s, px_side *side, const uint8_t *data, size_t len);
+void px__emit(px_session *s, px_conn *side, const uint8_t *data, size_t len);
 /* Encode and queue one method frame. */
-void px__emit_method(px_session *s, px_side *side, uint16_t ch,
+void px__emit_method(px_session *s, px_conn *side, uint16_t ch,
                      const amqp_method *m);
 /* Send on the client's connection.close held by PX_HOLD_CONN. */
 void px__release_conn_hold(px_session *s);
@@ -58,7 +58,7 @@ void px__drop_held(px_session *s, px_chan *c);
 void px__finishing(px_session *s, px_close_reason reason);
 
 /* Queue a connection.close for `side`. */
-void px__emit_close(px_session *s, px_side *side, uint16_t code,
+void px__emit_close(px_session *s, px_conn *side, uint16_t code,
                     const char *text, uint16_t class_id, uint16_t method_id);
 
 /* Send connection.close to the client with `code` and `text` (and the
@@ -72,7 +72,7 @@ void px__tell_client(px_session *s, px_close_reason reason);
 /* End the session through `side`: write out what is queued for it, shut
  * down its write side and drain it until it hangs up (px_session.c); a side
  * not connected closes the session at once. */
-void px__close_after_flush(px_session *s, px_side *side,
+void px__close_after_flush(px_session *s, px_conn *side,
                            px_close_reason reason);
 
 void px__set_state(px_session *s, px_state state);
@@ -82,7 +82,7 @@ void px__handshake_done(px_session *s);
 
 /* Encode a frame of `type` with this payload straight into a chunk and
  * queue it for `side`. */
-void px__emit_frame(px_session *s, px_side *side, uint8_t type, uint16_t ch,
+void px__emit_frame(px_session *s, px_conn *side, uint8_t type, uint16_t ch,
                     const uint8_t *payload, size_t len);
 
 /* px_track.c: consumers, requests, deliveries (px_track.h). */
@@ -127,7 +127,7 @@ void px__retry_reopen_at(px_session *s, uint64_t due_ms);
 void px__own_reopen(px_session *s);
 /* The upstream connection rebound's channel is on, for px__emit*(): NULL
  * stands for the separate retry connection (px_pub.h). */
-static inline px_side *px__own_side(px_session *s) {
+static inline px_conn *px__own_side(px_session *s) {
   return s->own_on_pub ? NULL : &s->upstream;
 }
 /* Write out what is queued for both sides (after a timer or an event of
