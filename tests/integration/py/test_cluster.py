@@ -404,43 +404,58 @@ def test_node_loss_loses_nothing_and_never_loops(rebound_factory, cluster):
     for mid in sorted(dups, key=int)[:20]:
         print("  duplicate %s: %r" % (mid, dups[mid]))
 
-    assert not rec.bad, rec.bad[:5]
-    assert len(kinds) == N
-    assert not over_count, (
-        "delivered with a count of max_attempts or more: %r" % over_count[:10])
-    assert not lost_acks, "%d ok/once messages never acked: %r" % (
-        len(lost_acks), lost_acks[:10])
-    assert not lost_poison, (
+    # every check is made, and all that fail are reported together
+    problems = []
+
+    def check(ok, what):
+        if not ok:
+            problems.append(what() if callable(what) else what)
+
+    check(not rec.bad, lambda: "bad deliveries: %r" % rec.bad[:5])
+    check(len(kinds) == N, lambda: "published %d of %d" % (len(kinds), N))
+    check(not over_count, lambda: (
+        "delivered with a count of max_attempts or more: %r"
+        % over_count[:10]))
+    check(not lost_acks, lambda: "%d ok/once messages never acked: %r" % (
+        len(lost_acks), lost_acks[:10]))
+    check(not lost_poison, lambda: (
         "%d poison messages not in %s: %r; their deliveries %r" % (
             len(lost_poison), dq, lost_poison[:10],
             {mid: [(d[1], d[2]) for d in deliveries.get(mid, [])]
-             for mid in lost_poison[:5]}))
-    assert not strays, "not poison, but dead-lettered: %r" % strays
-    assert not bad_dl, "dead-letter copies without rebound's headers: %r" % \
-        bad_dl[:5]
-    assert not short, "poison delivered fewer than max_attempts times: %r" % \
-        dict(list(short.items())[:5])
-    assert not requeued, (
+             for mid in lost_poison[:5]})))
+    check(not strays, lambda: "not poison, but dead-lettered: %r" % strays)
+    check(not bad_dl, lambda: (
+        "dead-letter copies without rebound's headers: %r" % bad_dl[:5]))
+    check(not short, lambda: (
+        "poison delivered fewer than max_attempts times: %r"
+        % dict(list(short.items())[:5])))
+    check(not requeued, lambda: (
         "%d messages redelivered by the broker more than once (uncounted "
         "attempts: requeues rebound held for the tier delay, %r, instead of "
         "counted retries on the surviving nodes): %r" % (
-            len(requeued), delayed, dict(list(requeued.items())[:5])))
-    assert not unexplained, (
+            len(requeued), delayed, dict(list(requeued.items())[:5]))))
+    check(not unexplained, lambda: (
         "delivered more often than planned with no redelivery, repeated "
         "copy or resend to explain it: %r"
-        % dict(list(unexplained.items())[:5]))
-    assert settle_error is None, settle_error
-    assert all(not look_left[n] for n in [q] + tiers + [dq]), look_left
+        % dict(list(unexplained.items())[:5])))
+    check(settle_error is None, lambda: settle_error)
+    check(all(not look_left[n] for n in [q] + tiers + [dq]),
+          lambda: "queues not empty at the end: %r" % look_left)
     for n in [q] + tiers:
-        assert snap.get(n, (0, 0, 0))[:2] == (0, 0) or \
-            snap.get(n) is None, (n, snap.get(n))
+        check(snap.get(n, (0, 0, 0))[:2] == (0, 0) or snap.get(n) is None,
+              lambda: "queue %s at the end: %r" % (n, snap.get(n)))
     # the consumers lost node 1 and came back through rebound, elsewhere
     for t in consumers:
-        assert t.drops and t.connects >= 2, (t.name, t.connects, t.drops)
-    assert sum(v for k, v in on_node.items() if k in (2, 3)) >= 2, \
-        dict(on_node)
+        check(t.drops and t.connects >= 2, lambda: (
+            "consumer %s: connects %d, drops %r" % (t.name, t.connects,
+                                                    t.drops)))
+    check(sum(v for k, v in on_node.items() if k in (2, 3)) >= 2,
+          lambda: "sessions by node: %r" % dict(on_node))
     # never a loop: a requeue passed straight through delivers a message
     # thousands of times a second; here every message keeps close to its
     # plan
-    assert total <= 2 * planned, (total, planned)
-    assert per_msg_max <= 3 * MAX_ATTEMPTS, per_msg_max
+    check(total <= 2 * planned, lambda: "deliveries %d, plan %d" % (
+        total, planned))
+    check(per_msg_max <= 3 * MAX_ATTEMPTS,
+          lambda: "one message delivered %d times" % per_msg_max)
+    assert not problems, "\n".join(problems)
