@@ -59,8 +59,17 @@ static void tcp_close(px_conn *c) {
     uv_close((uv_handle_t *)&c->tcp, tcp_on_close);
 }
 
-static const px_conn_io tcp_io = {tcp_read_start, tcp_read_stop, tcp_try_write,
-                                  tcp_write,      tcp_shutdown,  tcp_close};
+static int tcp_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa);
+
+static const px_conn_io tcp_io = {
+    .connect = tcp_connect,
+    .read_start = tcp_read_start,
+    .read_stop = tcp_read_stop,
+    .try_write = tcp_try_write,
+    .write = tcp_write,
+    .shutdown = tcp_shutdown,
+    .close = tcp_close,
+};
 
 void px_conn_init(px_conn *c, const char *name, const px_conn_events *ev,
                   void *ctx) {
@@ -85,29 +94,42 @@ int px_conn_accept(px_conn *c, uv_loop_t *loop, uv_stream_t *listener) {
   return 0;
 }
 
-static void tcp_on_connect(uv_connect_t *req, int status) {
-  px_conn *c = req->data;
+void px_conn_connected(px_conn *c, int status) {
   c->connect_pending = false;
   if (!c->open)
     return;
-  if (status == 0) {
+  if (status == 0)
     c->connected = true;
-    uv_tcp_nodelay(&c->tcp, 1);
-  }
   c->ev->connected(c->ctx, c, status);
 }
 
-int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
+static void tcp_on_connect(uv_connect_t *req, int status) {
+  px_conn *c = req->data;
+  if (status == 0 && c->open)
+    uv_tcp_nodelay(&c->tcp, 1);
+  px_conn_connected(c, status);
+}
+
+static int tcp_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
   int rc = uv_tcp_init(loop, &c->tcp);
   if (rc < 0)
     return rc;
   c->tcp.data = c;
   c->open = true;
   c->connect_req.data = c;
-  rc = uv_tcp_connect(&c->connect_req, &c->tcp, sa, tcp_on_connect);
+  return uv_tcp_connect(&c->connect_req, &c->tcp, sa, tcp_on_connect);
+}
+
+int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
+  int rc = c->io->connect(c, loop, sa);
   if (rc == 0)
     c->connect_pending = true;
-  return rc; /* on an error the handle is open: the owner closes it */
+  return rc; /* on an error an open handle is the owner's to close */
+}
+
+void px_conn_adopt(px_conn *c, const px_conn_io *io) {
+  c->io = io;
+  c->open = c->connected = true;
 }
 
 void px_conn_peer(px_conn *c, char *out, size_t cap) {
@@ -115,7 +137,7 @@ void px_conn_peer(px_conn *c, char *out, size_t cap) {
   int len = sizeof ss;
   char ip[INET6_ADDRSTRLEN] = "?";
   uint16_t port = 0;
-  if (c->open &&
+  if (c->open && c->io == &tcp_io &&
       uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
     if (ss.ss_family == AF_INET6) {
       struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;

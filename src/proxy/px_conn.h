@@ -69,6 +69,8 @@ typedef struct px_conn_write {
  * px_conn_alloc() and px_conn_read_done(), completed writes through
  * px_conn_write_done(), and the close through px_conn_closed(). */
 typedef struct px_conn_io {
+  /* Connect to `sa`; the connected event follows (px_conn_connected()). */
+  int (*connect)(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa);
   int (*read_start)(px_conn *c);
   void (*read_stop)(px_conn *c);
   /* Write what goes now without blocking: bytes written, or an error. */
@@ -106,10 +108,15 @@ struct px_conn {
 void px_conn_init(px_conn *c, const char *name, const px_conn_events *ev,
                   void *ctx);
 
-/* Plain TCP: accept from a listener, or connect (the connected event
- * follows). 0 or a libuv error; on an error nothing stays open. */
+/* Plain TCP: accept from a listener. 0 or a libuv error; `open` says
+ * whether the handle must still be closed. */
 int px_conn_accept(px_conn *c, uv_loop_t *loop, uv_stream_t *listener);
+/* Connect through the transport (the connected event follows). 0 or a
+ * libuv error; `open` as for px_conn_accept(). */
 int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa);
+/* A connection set up by a transport of its own (a test's): open and
+ * connected, its io given. */
+void px_conn_adopt(px_conn *c, const px_conn_io *io);
 /* "ip:port" or "[ip6]:port" of the peer ("?:0" when unknown). */
 void px_conn_peer(px_conn *c, char *out, size_t cap);
 
@@ -165,6 +172,7 @@ void px_conn_free(px_conn *c);
  * the end, as libuv reports it). */
 void px_conn_alloc(px_conn *c, uv_buf_t *buf);
 void px_conn_read_done(px_conn *c, ssize_t nread);
+void px_conn_connected(px_conn *c, int status);
 void px_conn_write_done(px_conn_write *w, int status);
 void px_conn_shutdown_done(px_conn *c, int status);
 void px_conn_closed(px_conn *c);

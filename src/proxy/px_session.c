@@ -849,25 +849,21 @@ static const px_conn_events conn_events = {
     on_conn_data,    on_conn_eof,       on_conn_write_failed,
     on_conn_written, on_conn_connected, on_conn_closed};
 
-int px_session_accept(px_server *srv, uv_stream_t *listener) {
+static px_session *session_alloc(px_server *srv) {
   px_session *s = calloc(1, sizeof *s);
   if (!s)
-    return UV_ENOMEM;
+    return NULL;
   s->srv = srv;
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
-  int rc = px_conn_accept(&s->client, srv->loop, listener);
-  if (rc < 0) {
-    s->state = PX_S_CLOSED;
-    if (!s->client.open) {
-      free(s);
-      return rc;
-    }
-    s->open_handles = 1;
-    px_conn_close(&s->client); /* freed in on_conn_closed */
-    return rc;
-  }
-  s->open_handles = 1;
+  return s;
+}
+
+/* The client is connected: timers, the session list, reading, and the
+ * first upstream attempt. */
+static void session_start(px_session *s) {
+  px_server *srv = s->srv;
+  s->open_handles = 1; /* the client's connection */
   uv_timer_init(srv->loop, &s->timer);
   s->timer.data = s;
   uv_timer_init(srv->loop, &s->retry_timer);
@@ -892,7 +888,36 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
                  srv->cfg->handshake_timeout_ms, 0);
   px_conn_read(&s->client);
   upstream_try_next(s);
+}
+
+int px_session_accept(px_server *srv, uv_stream_t *listener) {
+  px_session *s = session_alloc(srv);
+  if (!s)
+    return UV_ENOMEM;
+  int rc = px_conn_accept(&s->client, srv->loop, listener);
+  if (rc < 0) {
+    s->state = PX_S_CLOSED;
+    if (!s->client.open) {
+      free(s);
+      return rc;
+    }
+    s->open_handles = 1;
+    px_conn_close(&s->client); /* freed in on_conn_closed */
+    return rc;
+  }
+  session_start(s);
   return 0;
+}
+
+px_session *px_session_new(px_server *srv, const px_conn_io *client_io,
+                           const px_conn_io *upstream_io) {
+  px_session *s = session_alloc(srv);
+  if (!s)
+    return NULL;
+  px_conn_adopt(&s->client, client_io);
+  s->upstream.io = upstream_io;
+  session_start(s);
+  return s;
 }
 
 void px_session_drain(px_session *s) {

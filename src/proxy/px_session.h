@@ -150,6 +150,13 @@ typedef struct px_session {
  * upstream. Returns 0 or a negative libuv error (nothing is left behind). */
 int px_session_accept(struct px_server *srv, uv_stream_t *listener);
 
+/* A session whose client is already connected over `client_io`, and
+ * whose upstream connects through `upstream_io` (a test's transports,
+ * px_conn.h). Starts as px_session_accept() does after the accept. NULL
+ * when out of memory. */
+px_session *px_session_new(struct px_server *srv, const px_conn_io *client_io,
+                           const px_conn_io *upstream_io);
+
 /* Begin a clean shutdown of the session (SIGTERM): connection.close 320 to
  * an open client, an immediate close otherwise. */
 void px_session_drain(px_session *s);
