@@ -58,105 +58,6 @@
     "Separate retry connections that could not log in (copies then go on "     \
     "the client's connection)")
 
-/* Upper bounds of the histogram buckets, microseconds. */
-static const uint64_t bucket_us[PX_HIST_BUCKETS] = {
-    100,   250,   500,    1000,   2500,    5000,   10000,
-    25000, 50000, 100000, 250000, 1000000, 5000000};
-
-static const struct {
-  const char *name, *help, *l1, *l2;
-  int queue_label;
-} families[] = {
-#define PX__FAMILY(id, name, help, l1, l2, q) {name, help, l1, l2, q},
-    PX_LABELLED(PX__FAMILY)
-#undef PX__FAMILY
-};
-
-/* The label slot of queue `q`: 0..PX_METRICS_MAX_QUEUES-1 for the first
- * distinct names, PX_METRICS_MAX_QUEUES ("other") after (or when out of
- * memory). A queue literally named "other" gets a slot like any other. */
-static int queue_slot(px_metrics_store *m, const char *q) {
-  for (uint32_t i = 0; i < m->nqueues; i++)
-    if (strcmp(m->queues[i], q) == 0)
-      return (int)i;
-  if (m->nqueues == PX_METRICS_MAX_QUEUES)
-    return PX_METRICS_MAX_QUEUES;
-  if (m->nqueues % 16 == 0) {
-    char(*qs)[256] = realloc(m->queues, (m->nqueues + 16) * sizeof *qs);
-    if (!qs)
-      return PX_METRICS_MAX_QUEUES;
-    m->queues = qs;
-  }
-  snprintf(m->queues[m->nqueues], sizeof m->queues[0], "%s", q);
-  return (int)m->nqueues++;
-}
-
-static const char *slot_label(const px_metrics_store *m, int slot) {
-  return slot >= 0 && (uint32_t)slot < m->nqueues ? m->queues[slot] : "other";
-}
-
-void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
-  px_metrics_store *m = &srv->metrics;
-  if (families[id].queue_label)
-    v1 = slot_label(m, queue_slot(m, v1));
-  if (!families[id].l2)
-    v2 = "";
-  for (uint32_t i = 0; i < m->n; i++) {
-    px_counter *c = &m->counters[i];
-    if (c->id == id && strcmp(c->v1, v1) == 0 && strcmp(c->v2, v2) == 0) {
-      c->n++;
-      return;
-    }
-  }
-  if (m->n == m->cap) {
-    uint32_t cap = m->cap ? m->cap * 2 : 32;
-    px_counter *cs = realloc(m->counters, cap * sizeof *cs);
-    if (!cs)
-      return;
-    m->counters = cs;
-    m->cap = cap;
-  }
-  px_counter *c = &m->counters[m->n++];
-  c->id = id;
-  snprintf(c->v1, sizeof c->v1, "%s", v1);
-  snprintf(c->v2, sizeof c->v2, "%s", v2);
-  c->n = 1;
-}
-
-int px_metrics_queue(px_server *srv, const char *queue) {
-  return queue_slot(&srv->metrics, queue);
-}
-
-static void hist_add(px_hist *h, uint64_t us) {
-  for (int i = 0; i < PX_HIST_BUCKETS; i++)
-    if (us <= bucket_us[i])
-      h->buckets[i]++;
-  h->sum_us += us;
-  h->count++;
-}
-
-void px_metrics_observe(px_server *srv, int hist, int qid, uint64_t us) {
-  px_metrics_store *m = &srv->metrics;
-  if (hist == PX_H_RETRY) {
-    hist_add(&m->retry, us);
-  } else if (hist == PX_H_CONFIRM) {
-    hist_add(&m->confirm, us);
-  } else {
-    if (qid < 0 || qid > PX_METRICS_MAX_QUEUES ||
-        (!m->processing &&
-         !(m->processing = calloc(PX_METRICS_MAX_QUEUES + 1, sizeof(px_hist)))))
-      return;
-    hist_add(&m->processing[qid], us);
-  }
-}
-
-void px_metrics_free(px_server *srv) {
-  free(srv->metrics.processing);
-  free(srv->metrics.counters);
-  free(srv->metrics.queues);
-  memset(&srv->metrics, 0, sizeof srv->metrics);
-}
-
 /* A label value in the exposition format: backslash, quote, newline
  * escaped. */
 static void put_label(px_admin_response *r, const char *name, const char *v) {
@@ -180,16 +81,17 @@ static void head(px_admin_response *r, const char *name, const char *type,
 static void render_labelled(px_server *srv, px_admin_response *r) {
   px_metrics_store *m = &srv->metrics;
   for (int id = 0; id < PX_M_COUNT; id++) {
-    head(r, families[id].name, "counter", families[id].help);
+    head(r, px_counter_families[id].name, "counter",
+         px_counter_families[id].help);
     for (uint32_t i = 0; i < m->n; i++) {
       px_counter *c = &m->counters[i];
       if (c->id != id)
         continue;
-      px_admin_printf(r, "%s{", families[id].name);
-      put_label(r, families[id].l1, c->v1);
-      if (families[id].l2) {
+      px_admin_printf(r, "%s{", px_counter_families[id].name);
+      put_label(r, px_counter_families[id].l1, c->v1);
+      if (px_counter_families[id].l2) {
         px_admin_append(r, ",", 1);
-        put_label(r, families[id].l2, c->v2);
+        put_label(r, px_counter_families[id].l2, c->v2);
       }
       px_admin_printf(r, "} %llu\n", (unsigned long long)c->n);
     }
@@ -206,7 +108,8 @@ static void render_hist(px_admin_response *r, const char *name,
       px_admin_append(r, ",", 1);
     }
     if (i < PX_HIST_BUCKETS)
-      px_admin_printf(r, "le=\"%g\"} %llu\n", (double)bucket_us[i] / 1e6,
+      px_admin_printf(r, "le=\"%g\"} %llu\n",
+                      (double)px_hist_bucket_us[i] / 1e6,
                       (unsigned long long)h->buckets[i]);
     else
       px_admin_printf(r, "le=\"+Inf\"} %llu\n", (unsigned long long)h->count);
@@ -240,7 +143,7 @@ static void render_histograms(px_server *srv, px_admin_response *r) {
   for (uint32_t q = 0; m->processing && q <= PX_METRICS_MAX_QUEUES; q++)
     if (m->processing[q].count)
       render_hist(r, "rebound_consumer_processing_seconds", &m->processing[q],
-                  "queue", slot_label(m, (int)q));
+                  "queue", px_metrics_queue_label(srv, (int)q));
 }
 
 static long rss_bytes(void) {
@@ -274,12 +177,14 @@ static void gauge(px_admin_response *r, const char *name, const char *help,
 void px_metrics_render(px_server *srv, px_admin_response *r) {
   const px_stats *st = &srv->stats;
   unsigned upstream = 0, pending = 0, delayed = 0, blocked = 0, pubs = 0;
-  for (px_session *s = srv->sessions; s; s = s->next) {
-    upstream += s->upstream.connected;
-    pending += s->ops.n;
-    delayed += s->defers.n;
-    blocked += s->own_blocked;
-    pubs += s->pub_ready;
+  px_session_snap snap;
+  for (const px_session *s = srv->sessions; s; s = px_session_next(s)) {
+    px_session_snapshot(s, &snap);
+    upstream += snap.upstream_connected;
+    pending += snap.retries_pending;
+    delayed += snap.requeues_delayed;
+    blocked += snap.blocked;
+    pubs += snap.retry_connection_open;
   }
   r->content_type = "text/plain; version=0.0.4; charset=utf-8";
 #define PX__SCALAR(field, name, type, help)                                    \

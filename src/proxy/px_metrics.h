@@ -1,64 +1,19 @@
-/* px_metrics.h - rebound's metrics, declared once and rendered for
- * Prometheus (text exposition format 0.0.4).
+/* px_metrics.h - rebound's metrics rendered for Prometheus (text
+ * exposition format 0.0.4), and /v1/status.
  *
- * Three kinds: scalars read from px_stats (PX_SCALARS), labelled counters
- * incremented where things happen (PX_LABELLED), and one histogram of the
- * retry path's latency. Label values that come from queue names are capped
- * at PX_METRICS_MAX_QUEUES distinct queues; the rest count under "other".
+ * Three kinds: scalars read from px_stats (PX_SCALARS), the labelled
+ * counters and histograms of px_counters.h, and gauges summed over the
+ * sessions' snapshots (px_session.h).
  */
 #ifndef PX_METRICS_H
 #define PX_METRICS_H
 
 #include <stdint.h>
 
+#include "px_counters.h"
+
 struct px_server;
 struct px_admin_response;
-
-#define PX_METRICS_MAX_QUEUES 100
-
-/* X(id, name, help, first label, second label or NULL, queue label?) */
-#define PX_LABELLED(X)                                                         \
-  X(RETRIES, "rebound_retries_published_total",                                \
-    "Copies confirmed into a delay tier queue", "queue", "tier", 1)            \
-  X(DEAD_LETTERED, "rebound_dead_lettered_total",                              \
-    "Copies confirmed into a dead-letter queue", "queue", "reason", 1)         \
-  X(FALLBACKS, "rebound_retry_fallbacks_total",                                \
-    "Requeues forwarded to the broker after a copy failed", "reason", NULL, 0) \
-  X(PASSTHROUGH, "rebound_retry_passthrough_total",                            \
-    "Requeues of kept deliveries forwarded unchanged", "reason", NULL, 0)      \
-  X(DELAYED, "rebound_retry_requeues_delayed_total",                           \
-    "Requeues rebound could not retry, sent after the tier delay", "reason",   \
-    NULL, 0)                                                                   \
-  X(CLOSES, "rebound_client_connection_closes_total",                          \
-    "Client connections closed, by reason", "reason", NULL, 0)                 \
-  X(CONNECT_FAILURES, "rebound_upstream_connect_failures_total",               \
-    "Failed connection attempts to an upstream", "address", NULL, 0)
-
-enum px_labelled_id {
-#define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,
-  PX_LABELLED(PX__LABELLED_ENUM)
-#undef PX__LABELLED_ENUM
-      PX_M_COUNT
-};
-
-/* Add one to a labelled counter. `v2` is ignored for one-label families.
- * Values are copied (at most 255 bytes each). */
-void px_metrics_inc(struct px_server *srv, int id, const char *v1,
-                    const char *v2);
-
-enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
-
-/* The label slot of a queue for per-queue histograms: 0..99, or
- * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. A slot
- * is taken for good, so call this only for a queue the broker has shown to
- * exist (a consume-ok, a delivery, a get-ok), never for a name a client
- * merely sent. */
-int px_metrics_queue(struct px_server *srv, const char *queue);
-
-/* Record one observation, in microseconds. `qid` (from px_metrics_queue)
- * only for PX_H_PROCESSING; an observation for a slot out of range (-1: not
- * registered) is dropped. */
-void px_metrics_observe(struct px_server *srv, int hist, int qid, uint64_t us);
 
 /* Write every metric in Prometheus text format into `resp`. */
 void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);
@@ -67,8 +22,5 @@ void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);
  * age), pending retries, cache bytes, the effective config (it holds no
  * secrets: credentials never reach rebound's config). JSON. */
 void px_status_render(struct px_server *srv, struct px_admin_response *resp);
-
-/* Free the labelled counters (at exit). */
-void px_metrics_free(struct px_server *srv);
 
 #endif

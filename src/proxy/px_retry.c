@@ -34,7 +34,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "px_metrics.h"
+#include "px_counters.h"
 #include "px_session_int.h"
 #include "retry_policy.h"
 

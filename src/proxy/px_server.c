@@ -190,9 +190,7 @@ void px_server_session_gone(px_server *srv, struct px_session *s) {
 
 static void on_drain_timeout(uv_timer_t *t) {
   px_server *srv = t->data;
-  unsigned n = 0;
-  for (px_session *s = srv->sessions; s; s = s->next)
-    n++;
+  uint64_t n = srv->stats.sessions_current;
   px_warn("drain_timeout", PX_U("sessions_left", n),
           PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
   while (srv->sessions)
@@ -343,7 +341,7 @@ static void on_signal(uv_signal_t *sig, int signum) {
     srv->listener = NULL;
   }
   for (px_session *s = srv->sessions, *next; s; s = next) {
-    next = s->next; /* draining may unlink s */
+    next = px_session_next(s); /* draining may unlink s */
     px_session_drain(s);
   }
   uv_timer_start(&srv->drain_timer, on_drain_timeout,

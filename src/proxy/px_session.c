@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "px_conn.h"
-#include "px_metrics.h"
+#include "px_counters.h"
 #include "px_session_int.h"
 
 #define PX_HIGH_WATER (512 * 1024)
@@ -928,6 +928,37 @@ void px_session_drain(px_session *s) {
   s->draining = true;
   s->close_reason = PX_CR_SHUTTING_DOWN;
   px__tell_client(s, PX_CR_SHUTTING_DOWN);
+}
+
+void px_session_snapshot(const px_session *s, px_session_snap *out) {
+  *out = (px_session_snap){
+      .id = s->id,
+      .started_ms = s->started_ms,
+      .state = px_state_name(s->state),
+      .channels = s->nchans,
+      .bytes_from_client = s->client.bytes_in,
+      .bytes_to_client = s->client.bytes_out,
+      .retries_pending = s->ops.n,
+      .requeues_delayed = s->defers.n,
+      .cache_bytes = s->cache_bytes,
+      .retry_connection = s->pub_ready    ? "separate"
+                          : s->own_on_pub ? "opening"
+                                          : "shared",
+      .retry_connection_open = s->pub_ready,
+      .blocked = s->own_blocked,
+      .upstream_connected = s->upstream.connected,
+  };
+  memcpy(out->peer, s->peer, sizeof out->peer);
+  memcpy(out->user, s->user, sizeof out->user);
+  memcpy(out->vhost, s->vhost, sizeof out->vhost);
+}
+
+px_session *px_session_next(const px_session *s) {
+  return s->next;
+}
+
+uint64_t px_session_id(const px_session *s) {
+  return s->id;
 }
 
 void px__handshake_done(px_session *s) {

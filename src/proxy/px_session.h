@@ -167,4 +167,30 @@ void px_session_close(px_session *s, px_close_reason reason);
 
 const char *px_state_name(int state);
 
+/* What the admin endpoint shows of a session: a copy, taken now. */
+typedef struct px_session_snap {
+  uint64_t id;
+  uint64_t started_ms; /* the loop's clock */
+  const char *state;   /* px_state_name() */
+  char peer[64];
+  char user[128];
+  char vhost[128];
+  uint32_t channels;
+  uint64_t bytes_from_client, bytes_to_client;
+  uint32_t retries_pending;  /* copies awaiting the broker's confirm */
+  uint32_t requeues_delayed; /* requeues held back for the tier delay */
+  uint64_t cache_bytes;      /* deliveries kept for retry */
+  /* where rebound's channel is: "separate", "opening" (the separate
+   * connection is logging in) or "shared" */
+  const char *retry_connection;
+  bool retry_connection_open; /* the separate retry connection is up */
+  bool blocked;               /* the broker blocks rebound's connection */
+  bool upstream_connected;
+} px_session_snap;
+
+void px_session_snapshot(const px_session *s, px_session_snap *out);
+/* The sessions of a server, newest first (ids decrease along it). */
+px_session *px_session_next(const px_session *s);
+uint64_t px_session_id(const px_session *s);
+
 #endif

@@ -97,7 +97,7 @@ typedef struct status_stream {
   uint64_t now;     /* loop time when the document began */
 } status_stream;
 
-static void status_session(status_stream *st, const px_session *s,
+static void status_session(status_stream *st, const px_session_snap *s,
                            px_admin_response *r) {
   px_admin_printf(r, "%s{\"id\":%llu,\"peer\":", st->listed ? "," : "",
                   (unsigned long long)s->id);
@@ -106,26 +106,22 @@ static void status_session(status_stream *st, const px_session *s,
   json_string(r, s->user);
   px_admin_printf(r, ",\"vhost\":");
   json_string(r, s->vhost);
-  px_admin_printf(r,
-                  ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
-                  "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
-                  "\"retries_pending\":%u,\"requeues_delayed\":%u,"
-                  "\"cache_bytes\":%llu,\"retry_connection\":\"%s\","
-                  "\"blocked\":%s}",
-                  px_state_name(s->state), (unsigned)s->nchans,
-                  (unsigned long long)s->client.bytes_in,
-                  (unsigned long long)s->client.bytes_out,
-                  (double)(st->now - s->started_ms) / 1000.0,
-                  (unsigned)s->ops.n, (unsigned)s->defers.n,
-                  (unsigned long long)s->cache_bytes,
-                  s->pub_ready    ? "separate"
-                  : s->own_on_pub ? "opening"
-                                  : "shared",
-                  s->own_blocked ? "true" : "false");
-  st->blocked += s->own_blocked;
+  px_admin_printf(
+      r,
+      ",\"state\":\"%s\",\"channels\":%u,\"bytes_from_client\":"
+      "%llu,\"bytes_to_client\":%llu,\"age_seconds\":%.3f,"
+      "\"retries_pending\":%u,\"requeues_delayed\":%u,"
+      "\"cache_bytes\":%llu,\"retry_connection\":\"%s\","
+      "\"blocked\":%s}",
+      s->state, (unsigned)s->channels, (unsigned long long)s->bytes_from_client,
+      (unsigned long long)s->bytes_to_client,
+      (double)(st->now - s->started_ms) / 1000.0, (unsigned)s->retries_pending,
+      (unsigned)s->requeues_delayed, (unsigned long long)s->cache_bytes,
+      s->retry_connection, s->blocked ? "true" : "false");
+  st->blocked += s->blocked;
   st->listed++;
-  st->pending += s->ops.n;
-  st->delayed += s->defers.n;
+  st->pending += s->retries_pending;
+  st->delayed += s->requeues_delayed;
   st->before = s->id;
 }
 
@@ -135,10 +131,13 @@ static bool status_produce(void *arg, px_admin_response *r) {
   status_stream *st = arg;
   px_server *srv = st->srv;
   const px_session *s = srv->sessions;
-  while (s && s->id >= st->before)
-    s = s->next;
-  for (; s && r->len < PX_ADMIN_SLICE; s = s->next)
-    status_session(st, s, r);
+  px_session_snap snap;
+  while (s && px_session_id(s) >= st->before)
+    s = px_session_next(s);
+  for (; s && r->len < PX_ADMIN_SLICE; s = px_session_next(s)) {
+    px_session_snapshot(s, &snap);
+    status_session(st, &snap, r);
+  }
   if (s)
     return true;
   px_admin_printf(r,

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "px_metrics.h"
+#include "px_counters.h"
 #include "px_session_int.h"
 
 /* Per channel at most: unsettled deliveries and requests in flight (past

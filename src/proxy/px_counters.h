@@ -1,0 +1,78 @@
+/* px_counters.h - the counters rebound's code increments where things
+ * happen: labelled counters (PX_LABELLED) and latency histograms. A leaf:
+ * it knows the server's metrics store and nothing else; px_metrics.h
+ * renders them with the scalars of px_stats.
+ *
+ * Label values that come from queue names are capped at
+ * PX_METRICS_MAX_QUEUES distinct queues; the rest count under "other".
+ */
+#ifndef PX_COUNTERS_H
+#define PX_COUNTERS_H
+
+#include <stdint.h>
+
+struct px_server;
+
+#define PX_METRICS_MAX_QUEUES 100
+
+/* X(id, name, help, first label, second label or NULL, queue label?) */
+#define PX_LABELLED(X)                                                         \
+  X(RETRIES, "rebound_retries_published_total",                                \
+    "Copies confirmed into a delay tier queue", "queue", "tier", 1)            \
+  X(DEAD_LETTERED, "rebound_dead_lettered_total",                              \
+    "Copies confirmed into a dead-letter queue", "queue", "reason", 1)         \
+  X(FALLBACKS, "rebound_retry_fallbacks_total",                                \
+    "Requeues forwarded to the broker after a copy failed", "reason", NULL, 0) \
+  X(PASSTHROUGH, "rebound_retry_passthrough_total",                            \
+    "Requeues of kept deliveries forwarded unchanged", "reason", NULL, 0)      \
+  X(DELAYED, "rebound_retry_requeues_delayed_total",                           \
+    "Requeues rebound could not retry, sent after the tier delay", "reason",   \
+    NULL, 0)                                                                   \
+  X(CLOSES, "rebound_client_connection_closes_total",                          \
+    "Client connections closed, by reason", "reason", NULL, 0)                 \
+  X(CONNECT_FAILURES, "rebound_upstream_connect_failures_total",               \
+    "Failed connection attempts to an upstream", "address", NULL, 0)
+
+enum px_labelled_id {
+#define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,
+  PX_LABELLED(PX__LABELLED_ENUM)
+#undef PX__LABELLED_ENUM
+      PX_M_COUNT
+};
+
+/* Add one to a labelled counter. `v2` is ignored for one-label families.
+ * Values are copied (at most 255 bytes each). */
+void px_metrics_inc(struct px_server *srv, int id, const char *v1,
+                    const char *v2);
+
+enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
+
+/* The label slot of a queue for per-queue histograms: 0..99, or
+ * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. A slot
+ * is taken for good, so call this only for a queue the broker has shown to
+ * exist (a consume-ok, a delivery, a get-ok), never for a name a client
+ * merely sent. */
+int px_metrics_queue(struct px_server *srv, const char *queue);
+
+/* Record one observation, in microseconds. `qid` (from px_metrics_queue)
+ * only for PX_H_PROCESSING; an observation for a slot out of range (-1: not
+ * registered) is dropped. */
+void px_metrics_observe(struct px_server *srv, int hist, int qid, uint64_t us);
+
+/* The families of PX_LABELLED, by id, for rendering. */
+typedef struct px_counter_family {
+  const char *name, *help, *l1, *l2;
+  int queue_label;
+} px_counter_family;
+extern const px_counter_family px_counter_families[];
+
+/* Upper bounds of the histogram buckets, microseconds (PX_HIST_BUCKETS). */
+extern const uint64_t px_hist_bucket_us[];
+
+/* The label value of a queue slot (px_metrics_queue()). */
+const char *px_metrics_queue_label(const struct px_server *srv, int slot);
+
+/* Free the labelled counters (at exit). */
+void px_metrics_free(struct px_server *srv);
+
+#endif
