@@ -52,6 +52,8 @@ typedef struct px_retry_op {
   char target[RETRY_NAME_MAX + 1];
   char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
   char tier[16];                  /* "1s", for metrics */
+  uint64_t refused_ms;            /* when the broker first nacked a copy of this
+                                     delivery (the loop's clock; 0: never) */
 } px_retry_op;
 
 /* A requeue held back until `due_ms` (the loop's clock). */
@@ -67,6 +69,7 @@ typedef struct px_defer {
                       the rate limit) when it was held back */
   bool again;      /* parked: a republish (px_retry_op.again) */
   const char *why; /* static: the metric's label when it is sent */
+  uint64_t refused_ms; /* as px_retry_op.refused_ms */
 } px_defer;
 
 /* Reasons a copy failed that a later copy may not meet: it was not
@@ -440,6 +443,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->is_reject = is_reject;
   op->returned = false;
   op->again = s->next_again;
+  op->refused_ms = s->next_refused_ms;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
@@ -547,12 +551,15 @@ static int park(px_session *s, const px_chan *c, const px_delivery *d,
     return -1;
   *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
       (px_defer){0,     d->tag, c->client_ch,  c->gen, is_reject,
-                 false, true,   s->next_again, NULL};
+                 false, true,   s->next_again, NULL,   s->next_refused_ms};
   return 0;
 }
 
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why);
+static void refused_or_defer(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject, bool retry, const char *why,
+                             uint64_t refused_ms);
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject);
 
@@ -584,8 +591,10 @@ static void unpark(px_session *s) {
     if (!d)
       continue; /* the channel went: the broker requeued it */
     s->next_again = f->again;
+    s->next_refused_ms = f->refused_ms;
     const char *why = try_retry(s, c, d, f->is_reject);
     s->next_again = false;
+    s->next_refused_ms = 0;
     if (why)
       requeue_or_defer(s, c, d, f->is_reject, false, why);
     if (c->track.retries_pending == 0 && c->track.defers_pending == 0)
@@ -722,7 +731,8 @@ static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
 /* Hold the requeue of `d` back for its tier delay. false when it cannot
  * be (out of memory): the caller requeues now. */
 static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
-                          bool is_reject, bool retry, const char *why) {
+                          bool is_reject, bool retry, const char *why,
+                          uint64_t refused_ms) {
   if (px_ring_reserve(&s->defers, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return false;
   uint32_t ms = defer_delay(s, d);
@@ -732,7 +742,7 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
   uint64_t due =
       retry && s->own_blocked ? PX_DUE_UNBLOCKED : uv_now(s->srv->loop) + ms;
   *f = (px_defer){due,   d->tag, c->client_ch, c->gen, is_reject,
-                  retry, !retry, false,        why};
+                  retry, !retry, false,        why,    refused_ms};
   d->state = PX_DL_DEFERRED;
   c->track.defers_pending++;
   c->held = true; /* later frames of the channel wait behind it */
@@ -742,12 +752,42 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
   return true;
 }
 
+/* A deferred requeue of a copy the broker nacked: while rebound's channel
+ * is ready, the copy is published again (the same attempt, still counted)
+ * for up to the confirm timeout since the first refusal; a broker that
+ * refuses longer gets the requeue. A quorum tier refuses copies while it
+ * has no leader (a node went away). true when a copy is on its way. */
+static bool refused_again(px_session *s, px_chan *c, px_delivery *d,
+                          const px_defer *f) {
+  uint64_t now = uv_now(s->srv->loop);
+  if (!f->retry || !f->refused_ms || !d || d->state != PX_DL_DEFERRED ||
+      s->own_state != PX_OWN_READY || s->own_blocked ||
+      c->state != PX_CH_OPEN ||
+      now - f->refused_ms >= s->srv->cfg->retry_confirm_timeout_ms)
+    return false;
+  d->state = PX_DL_CACHED;
+  s->next_refused_ms = f->refused_ms;
+  const char *why = try_retry(s, c, d, f->is_reject);
+  s->next_refused_ms = 0;
+  if (why) {
+    d->state = PX_DL_DEFERRED;
+    return false;
+  }
+  px_debug("retry_copy_again", PX_U("id", s->id), PX_U("channel", c->client_ch),
+           PX_U("delivery_tag", d->tag), PX_S("reason", f->why),
+           PX_U("refused_for_ms", now - f->refused_ms));
+  c->track.defers_pending--;
+  return true;
+}
+
 /* One deferred requeue whose time has come. */
 static void defer_fire(px_session *s, const px_defer *f) {
   px_chan *c = px_tab_get(&s->by_client, f->client_ch);
   if (!c || c->gen != f->gen || c->state == PX_CH_SERVER_CLOSED)
     return; /* the channel went: the broker requeued the delivery */
   px_delivery *d = px__track_find(c, f->tag);
+  if (refused_again(s, c, d, f))
+    return;
   if (!f->logged && d) /* it waited for a counted retry that did not come */
     log_deferred(s, d, defer_delay(s, d), f->why);
   emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
@@ -792,7 +832,13 @@ void px__retry_defer_due(uv_timer_t *timer) {
  * delay. */
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why) {
-  if (d->rule && defer_requeue(s, c, d, is_reject, retry, why))
+  refused_or_defer(s, c, d, is_reject, retry, why, 0);
+}
+
+static void refused_or_defer(px_session *s, px_chan *c, px_delivery *d,
+                             bool is_reject, bool retry, const char *why,
+                             uint64_t refused_ms) {
+  if (d->rule && defer_requeue(s, c, d, is_reject, retry, why, refused_ms))
     return;
   emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
               true);
@@ -977,8 +1023,14 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
               PX_S("target", op->target), PX_S("reason", why),
               PX_S("action", "requeued after the tier delay"));
+      /* a nacked copy is tried again after the delay: the first refusal
+       * starts the time it may take (refused_again()) */
+      uint64_t refused = why != WHY_NACKED ? 0
+                         : op->refused_ms  ? op->refused_ms
+                                           : uv_now(s->srv->loop);
       if (d)
-        requeue_or_defer(s, c, d, op->is_reject, retry_later(why), why);
+        refused_or_defer(s, c, d, op->is_reject, retry_later(why), why,
+                         refused);
     }
     px__track_tidy(c);
   }

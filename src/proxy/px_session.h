@@ -118,10 +118,11 @@ typedef struct px_session {
   uint32_t nbroken;
   char **alt_declared; /* declared here with the other type's arguments */
   uint32_t nalt_declared;
-  bool next_again;      /* the copy being started is a republish */
-  uint64_t cache_bytes; /* deliveries kept for retry */
-  uint64_t held_bytes;  /* client frames held on channels: they count
-                           against the upstream side's watermarks */
+  bool next_again;          /* the copy being started is a republish */
+  uint64_t next_refused_ms; /* ... of a copy the broker nacked then */
+  uint64_t cache_bytes;     /* deliveries kept for retry */
+  uint64_t held_bytes;      /* client frames held on channels: they count
+                               against the upstream side's watermarks */
   bool warned_uncached;
   bool client_gone;         /* client left while retries were pending */
   bool client_write_failed; /* ... noticed through a failed write */

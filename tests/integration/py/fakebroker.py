@@ -415,10 +415,13 @@ class FakeConn:
             seq = self.confirm_channels.get(ch)
             if seq is not None:
                 self.confirm_channels[ch] = seq + 1
-                if self.broker.confirm == "nack":
+                answer = self.broker.confirm
+                if callable(answer):
+                    answer = answer(self, ch, m)
+                if answer == "nack":
                     self.send(a.method(ch, (60, 120), struct.pack(">Q", seq)
                                        + b"\x00"))
-                elif self.broker.confirm:
+                elif answer:
                     self.send(a.method(ch, (60, 80), struct.pack(">Q", seq)
                                        + b"\x00"))
 
@@ -491,7 +494,8 @@ class FakeConn:
 class FakeBroker:
     """Listens on 127.0.0.1 (a free port); every accepted connection gets a
     FakeConn. `confirm`: what publishes on a channel in confirm mode get:
-    True a basic.ack, "nack" a basic.nack, False nothing. `on_consume(conn, channel, args)` runs on the connection's
+    True a basic.ack, "nack" a basic.nack, False nothing; or a function
+    (conn, channel, message) returning one of those, per publish. `on_consume(conn, channel, args)` runs on the connection's
     reader thread after consume-ok was sent (args["tag"] is the consumer
     tag). `on_declare(conn, channel, args)` runs for each queue.declare
     first; if it returns true it has answered it (e.g. closed the
