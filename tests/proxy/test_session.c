@@ -1,0 +1,826 @@
+/* The proxy core frame by frame: one session over fake transports
+ * (session_harness.h), both peers played by the test, no broker and no
+ * sockets. Each test checks what each side receives, in order, and the
+ * counters the behaviour moves. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "session_harness.h"
+
+static void cmocka_fail(const char *msg) {
+  fail_msg("%s", msg);
+}
+
+/* The policy of most tests: queue q, one tier of 1 s, 3 attempts. */
+#define POLICY                                                                 \
+  "--retry-queues", "q", "--retry-tiers", "1s", "--max-attempts", "3",         \
+      "--retry-confirm-timeout", "200ms"
+
+static harness *start(void **state, const char *const *args) {
+  harness *h = h_new(args);
+  assert_non_null(h);
+  *state = h;
+  return h;
+}
+
+static int teardown(void **state) {
+  h_free(*state);
+  *state = NULL;
+  return 0;
+}
+
+#define expect_line(h, side, ...)                                              \
+  do {                                                                         \
+    char line_[512];                                                           \
+    snprintf(line_, sizeof line_, __VA_ARGS__);                                \
+    h_expect(h, side, line_);                                                  \
+  } while (0)
+
+/* The broker delivers `tag` (a body of `len` bytes) to consumer c1 on
+ * channel 1; the client must receive it as it is. */
+static void deliver(harness *h, uint64_t tag, const void *body, size_t len) {
+  h_deliver(h, 1, "c1", tag, NULL, body, len);
+  expect_line(h, H_CLIENT, "ch1 basic.deliver tag=%llu",
+              (unsigned long long)tag);
+  expect_line(h, H_CLIENT, "ch1 header size=%zu", len);
+  if (len)
+    expect_line(h, H_CLIENT, "ch1 body len=%zu", len);
+}
+
+/* An open connection (channel-max 10: rebound's channel is 10), channel 1
+ * consuming from q as c1, and `n` deliveries of "hello". */
+static void consuming(harness *h, unsigned n) {
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  for (unsigned t = 1; t <= n; t++)
+    deliver(h, t, "hello", 5);
+}
+
+/* rebound's copy of a delivery of `len` bytes, to q.retry.1s on its own
+ * channel; `declare`: the tier queue is declared first. */
+static void expect_copy(harness *h, bool declare, size_t len) {
+  if (declare)
+    expect_line(h, H_BROKER, "ch%u queue.declare queue=q.retry.1s", h->own_ch);
+  expect_line(h, H_BROKER,
+              "ch%u basic.publish exchange= rk=q.retry.1s mandatory=1",
+              h->own_ch);
+  expect_line(h, H_BROKER, "ch%u header size=%zu", h->own_ch, len);
+  if (len)
+    expect_line(h, H_BROKER, "ch%u body len=%zu", h->own_ch, len);
+}
+
+/* The broker confirms rebound's publishes up to `seq`. */
+static void confirm(harness *h, uint64_t seq, bool multiple) {
+  h_ack(h, H_BROKER, h->own_ch, seq, multiple);
+}
+
+static px_session_snap snap(harness *h) {
+  px_session_snap s;
+  assert_non_null(h->s);
+  px_session_snapshot(h->s, &s);
+  return s;
+}
+
+static uint64_t total_closes(harness *h) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < h->srv.metrics.n; i++)
+    if (h->srv.metrics.counters[i].id == PX_M_CLOSES)
+      n += h->srv.metrics.counters[i].n;
+  return n;
+}
+
+/* ---- 1. a client channel on rebound's number is carried on another ---- */
+
+static void test_remap(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  amqp_method m;
+
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  assert_int_equal(h->srv.stats.channel_remaps, 0);
+
+  /* the client opens 10, rebound's number: it travels on 9 */
+  h_channel(h, 10, 9);
+  assert_int_equal(h->srv.stats.channel_remaps, 1);
+
+  /* a frame on 10 goes up on 9, the answer comes back on 10 */
+  amqp_method_init(&m, AMQP_BASIC_QOS);
+  m.args[AMQP_F_BASIC_QOS_PREFETCH_COUNT].u = 5;
+  h_method(h, H_CLIENT, 10, &m);
+  h_expect(h, H_BROKER, "ch9 basic.qos");
+  h_simple(h, H_BROKER, 9, AMQP_BASIC_QOS_OK);
+  h_expect(h, H_CLIENT, "ch10 basic.qos-ok");
+
+  /* the client's close and the broker's close-ok map back */
+  h_close(h, H_CLIENT, 10, 200, "bye");
+  h_expect(h, H_BROKER, "ch9 channel.close code=200 text=bye");
+  h_close_ok(h, H_BROKER, 9);
+  h_expect(h, H_CLIENT, "ch10 channel.close-ok");
+
+  /* 9 is free again: the client's own 9 goes up as 9 */
+  h_channel(h, 9, 9);
+  assert_int_equal(h->srv.stats.channel_remaps, 1);
+
+  /* 10 again: 9 is taken now, so 8; the broker's close maps back too */
+  h_channel(h, 10, 8);
+  assert_int_equal(h->srv.stats.channel_remaps, 2);
+  h_close(h, H_BROKER, 8, 406, "PRECONDITION_FAILED - test");
+  h_expect(h, H_CLIENT,
+           "ch10 channel.close code=406 text=\"PRECONDITION_FAILED - test\"");
+  h_close_ok(h, H_CLIENT, 10);
+  h_expect(h, H_BROKER, "ch8 channel.close-ok");
+
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+}
+
+/* ---- 2. a client that opens every channel gets rebound's number ------- */
+
+static void test_yield(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+
+  assert_int_equal(h_open(h, 2, 131072), 2);
+  h_channel(h, 1, 1);
+
+  /* no number is left for 2: its open waits, rebound closes its own */
+  h_simple(h, H_CLIENT, 2, AMQP_CHANNEL_OPEN);
+  h_expect(h, H_BROKER, "ch2 channel.close code=200 *");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h->srv.stats.own_channel_yields, 0);
+
+  /* the broker's close-ok frees it: the client's open goes out on 2 */
+  h_close_ok(h, H_BROKER, 2);
+  h_expect(h, H_BROKER, "ch2 channel.open");
+  assert_int_equal(h->srv.stats.own_channel_yields, 1);
+  h_simple(h, H_BROKER, 2, AMQP_CHANNEL_OPEN_OK);
+  h_expect(h, H_CLIENT, "ch2 channel.open-ok");
+  assert_int_equal(h->srv.stats.channel_remaps, 0);
+
+  /* channel 2 is the client's now, both ways */
+  h_simple(h, H_CLIENT, 2, AMQP_BASIC_QOS);
+  h_expect(h, H_BROKER, "ch2 basic.qos");
+  h_simple(h, H_BROKER, 2, AMQP_BASIC_QOS_OK);
+  h_expect(h, H_CLIENT, "ch2 basic.qos-ok");
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+}
+
+/* ---- 3. rebound's channel lost with a copy in flight ------------------ */
+
+static const char NOT_FOUND[] = "NOT_FOUND - home node of queue 'q.retry.1s' "
+                                "in vhost '/' is down or inaccessible";
+
+/* The copy was discarded with the channel: rebound answers the close,
+ * reopens at once (the first close), and the copy goes again once its
+ * channel is back (README, "Retries": "a copy that was not enqueued ... is
+ * first tried again once rebound's channel is back"). */
+static void test_own_channel_reopen(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_expect_none(h, H_BROKER);
+
+  h_close(h, H_BROKER, 10, 404, NOT_FOUND);
+  h_expect(h, H_BROKER, "ch10 channel.close-ok");
+  h_expect(h, H_BROKER, "ch10 channel.open");
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.own_channel_errors, 1);
+  assert_int_equal(h_metric(h, PX_M_FALLBACKS,
+                            "rebound's channel was closed before the copy",
+                            NULL),
+                   1);
+
+  h_simple(h, H_BROKER, 10, AMQP_CHANNEL_OPEN_OK);
+  h_expect(h, H_BROKER, "ch10 confirm.select");
+  h_simple(h, H_BROKER, 10, AMQP_CONFIRM_SELECT_OK);
+  /* the queue is declared again on the new channel, the copy republished
+   * with publish sequence 1 of that channel */
+  expect_copy(h, true, 5);
+  h_expect_none(h, H_BROKER);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+  assert_int_equal(h_metric(h, PX_M_DELAYED,
+                            "rebound's channel was closed "
+                            "before the copy",
+                            NULL),
+                   0);
+  assert_int_equal(snap(h).retries_pending, 0);
+  assert_int_equal(snap(h).requeues_delayed, 0);
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+}
+
+/* The channel does not come back within the tier delay: the requeue goes
+ * to the broker then ("their requeue after the tier delay, whichever comes
+ * first"), never at once. */
+static void test_own_channel_not_back(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_close(h, H_BROKER, 10, 404, NOT_FOUND);
+  h_expect(h, H_BROKER, "ch10 channel.close-ok");
+  h_expect(h, H_BROKER, "ch10 channel.open");
+  /* no open-ok: the requeue waits for the tier delay (1 s), not sent now */
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(snap(h).requeues_delayed, 1);
+  h_expect_within(h, H_BROKER, 5000,
+                  "ch1 basic.nack tag=1 multiple=0 requeue=1");
+  assert_int_equal(h_metric(h, PX_M_DELAYED,
+                            "rebound's channel was closed "
+                            "before the copy",
+                            NULL),
+                   1);
+  assert_int_equal(snap(h).requeues_delayed, 0);
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+}
+
+/* ---- 4. confirms out of order ------------------------------------------ */
+
+static void test_confirm_order(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 3);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5); /* seq 1 */
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  expect_copy(h, false, 5); /* seq 2 */
+  h_nack(h, H_CLIENT, 1, 3, false, true);
+  expect_copy(h, false, 5); /* seq 3 */
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(snap(h).retries_pending, 3);
+
+  confirm(h, 2, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_expect_none(h, H_BROKER);
+  confirm(h, 3, true);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=3 multiple=0");
+  h_expect_none(h, H_BROKER);
+
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 3);
+  assert_int_equal(snap(h).retries_pending, 0);
+  assert_int_equal(snap(h).requeues_delayed, 0);
+  assert_int_equal(h->srv.stats.cache_entries, 0);
+  /* past the confirm timeout: no copy is left to fall back */
+  h_wait_ms(h, 400);
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_FALLBACKS, "confirm timeout", NULL), 0);
+}
+
+/* ---- 5. nack multiple over kept and uncached deliveries ---------------- */
+
+static const char BIG[200] = "a delivery over the cache bound";
+
+static void test_nack_multiple_mixed(void **state) {
+  /* 100 bytes kept per connection: a delivery of 5 bytes keeps 19 (its
+   * 14-byte header too), one of 200 is not kept */
+  static const char *const args[] = {POLICY, "--cache-per-connection", "100",
+                                     NULL};
+  harness *h = start(state, args);
+  consuming(h, 2);
+  deliver(h, 3, BIG, sizeof BIG);
+  deliver(h, 4, "hello", 5);
+  assert_int_equal(h->srv.stats.uncached_deliveries, 1);
+  assert_int_equal(h->srv.stats.cache_entries, 3);
+
+  h_nack(h, H_CLIENT, 1, 4, true, true);
+  /* a copy for each kept one; the client's nack multiple is not sent */
+  expect_copy(h, true, 5);  /* tag 1, seq 1 */
+  expect_copy(h, false, 5); /* tag 2, seq 2 */
+  expect_copy(h, false, 5); /* tag 4, seq 3 */
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.uncached_nacks, 1);
+
+  confirm(h, 3, true);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=4 multiple=0");
+  h_expect_none(h, H_BROKER);
+
+  /* the uncached one's requeue: only after the tier delay (README, "Never
+   * a hot loop"), on its own */
+  assert_int_equal(snap(h).requeues_delayed, 1);
+  h_expect_within(h, H_BROKER, 5000,
+                  "ch1 basic.nack tag=3 multiple=0 requeue=1");
+  assert_int_equal(h_metric(h, PX_M_DELAYED, "delivery not kept", NULL), 1);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 3);
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+}
+
+/* A nack of an uncached delivery alone passes through unchanged (README:
+ * "deliveries over the cache bounds pass through unchanged"). */
+static void test_nack_uncached_alone(void **state) {
+  static const char *const args[] = {POLICY, "--cache-per-connection", "100",
+                                     NULL};
+  harness *h = start(state, args);
+  consuming(h, 0);
+  deliver(h, 1, BIG, sizeof BIG);
+  assert_int_equal(h->srv.stats.uncached_deliveries, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_expect(h, H_BROKER, "ch1 basic.nack tag=1 multiple=0 requeue=1");
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.uncached_nacks, 1);
+}
+
+/* ---- 6. a channel's frames wait behind its copy, in order -------------- */
+
+static void test_held_frames_in_order(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  amqp_method m;
+  hbuf *pub = h_buf(h), *hdr = h_buf(h), *body = h_buf(h), *ack = h_buf(h),
+       *nack = h_buf(h), *all = h_buf(h);
+  consuming(h, 3);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+
+  amqp_method_init(&m, AMQP_BASIC_PUBLISH);
+  m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b = amqp_cstr("elsewhere");
+  hb_method(pub, 1, &m);
+  hb_header(hdr, 1, 3, NULL);
+  hb_body(body, 1, "abc", 3);
+  amqp_method_init(&m, AMQP_BASIC_ACK);
+  m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u = 2;
+  hb_method(ack, 1, &m);
+  amqp_method_init(&m, AMQP_BASIC_NACK);
+  m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u = 3;
+  hb_method(nack, 1, &m); /* requeue=0: passes unchanged */
+  hb_raw(all, pub->p, pub->len);
+  hb_raw(all, hdr->p, hdr->len);
+  hb_raw(all, body->p, body->len);
+  hb_raw(all, ack->p, ack->len);
+  hb_raw(all, nack->p, nack->len);
+  h_sendb(h, H_CLIENT, all);
+  h_expect_none(h, H_BROKER); /* nothing of channel 1 before the confirm */
+
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_bytes(h, H_BROKER, pub->p, pub->len);
+  h_expect_bytes(h, H_BROKER, hdr->p, hdr->len);
+  h_expect_bytes(h, H_BROKER, body->p, body->len);
+  h_expect_bytes(h, H_BROKER, ack->p, ack->len);
+  h_expect_bytes(h, H_BROKER, nack->p, nack->len);
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+}
+
+/* ---- 7. the client's connection.close waits for copies in flight ------- */
+
+static void connection_close(hbuf *b) {
+  amqp_method m;
+  amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = 200;
+  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr("Goodbye");
+  hb_method(b, 0, &m);
+}
+
+static void test_close_waits_for_confirm(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  hbuf *close = h_buf(h);
+  consuming(h, 1);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  connection_close(close);
+  h_send(h, H_CLIENT, close->p, close->len);
+  h_expect_none(h, H_BROKER);
+
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_bytes(h, H_BROKER, close->p, close->len);
+  h_expect_none(h, H_BROKER);
+  h_close_ok(h, H_BROKER, 0);
+  h_expect(h, H_CLIENT, "ch0 connection.close-ok");
+  h_expect_none(h, H_CLIENT);
+  h_eof(h, H_CLIENT, UV_EOF);
+  assert_true(h_wait_gone(h, 5000));
+  assert_int_equal(h_closes(h, "client closed the connection"), 1);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
+/* No confirm within --retry-confirm-timeout (200 ms): the copy falls back
+ * (README, "Never lost"), the frames held behind it go on: the close. */
+static void test_close_waits_confirm_timeout(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  hbuf *close = h_buf(h);
+  connection_close(close);
+  h_send(h, H_CLIENT, close->p, close->len);
+  h_expect_none(h, H_BROKER);
+
+  assert_true(h_wait_frame(h, H_BROKER, 5000));
+  assert_int_equal(h_metric(h, PX_M_FALLBACKS, "confirm timeout", NULL), 1);
+  h_skip_until(h, H_BROKER, "ch0 connection.close code=200 text=Goodbye");
+  h_close_ok(h, H_BROKER, 0);
+  h_expect(h, H_CLIENT, "ch0 connection.close-ok");
+  h_expect_none(h, H_CLIENT);
+}
+
+/* ... and the fallback requeue reaches the broker before the client's
+ * connection.close: after it the broker acts on nothing but close-ok
+ * (README, "Closing"), so a requeue sent later is never acted on. */
+static void test_close_after_fallback_requeue(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  hbuf *close = h_buf(h);
+  connection_close(close);
+  h_send(h, H_CLIENT, close->p, close->len);
+
+  h_expect_within(h, H_BROKER, 5000,
+                  "ch1 basic.nack tag=1 multiple=0 requeue=1");
+  h_expect_within(h, H_BROKER, 5000, "ch0 connection.close code=200 *");
+  h_expect_none(h, H_BROKER);
+}
+
+/* ---- 8. every way a session ends, each counted under its reason -------- */
+
+/* The session must be gone, counted once, under `reason`. */
+static void gone_as(harness *h, const char *reason) {
+  assert_true(h_wait_gone(h, 5000));
+  assert_int_equal(total_closes(h), 1);
+  assert_int_equal(h_closes(h, reason), 1);
+}
+
+static void test_close_client_eof(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_settle(h);
+  /* the broker's side is flushed and shut down, the session waits for it */
+  assert_true(h_peer(h, H_BROKER)->shut);
+  assert_non_null(h->s);
+  h_eof(h, H_BROKER, UV_EOF);
+  gone_as(h, "client disconnected");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+}
+
+static void test_close_client_reset(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_eof(h, H_CLIENT, UV_ECONNRESET);
+  h_settle(h);
+  assert_true(h_peer(h, H_BROKER)->shut);
+  h_eof(h, H_BROKER, UV_EOF);
+  gone_as(h, "client disconnected");
+  h_expect_none(h, H_BROKER);
+}
+
+static void test_close_by_client(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_close(h, H_CLIENT, 0, 200, "Goodbye");
+  h_expect(h, H_BROKER, "ch0 connection.close code=200 text=Goodbye");
+  h_close_ok(h, H_BROKER, 0);
+  h_expect(h, H_CLIENT, "ch0 connection.close-ok");
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "client closed the connection");
+}
+
+static void test_close_by_broker(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_close(h, H_BROKER, 0, 320,
+          "CONNECTION_FORCED - broker forced connection "
+          "closure with reason 'shutdown'");
+  h_expect(h, H_CLIENT, "ch0 connection.close code=320 *");
+  h_close_ok(h, H_CLIENT, 0);
+  h_expect(h, H_BROKER, "ch0 connection.close-ok");
+  h_eof(h, H_BROKER, UV_EOF);
+  h_settle(h);
+  assert_true(h_peer(h, H_CLIENT)->shut);
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "broker closed the connection");
+}
+
+static void test_close_broker_lost(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_eof(h, H_BROKER, UV_ECONNRESET);
+  h_expect(h, H_CLIENT,
+           "ch0 connection.close code=320 "
+           "text=\"CONNECTION_FORCED - broker connection lost\"");
+  h_close_ok(h, H_CLIENT, 0);
+  gone_as(h, "broker connection lost");
+  h_expect_none(h, H_CLIENT);
+}
+
+static void test_close_broker_gone_in_handshake(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_BROKER, "protocol-header");
+  h_eof(h, H_BROKER, UV_EOF);
+  h_settle(h);
+  assert_true(h_peer(h, H_CLIENT)->shut); /* the client reads the EOF */
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "broker disconnected");
+  h_expect_none(h, H_CLIENT);
+}
+
+static void test_close_client_write_failed(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_peer(h, H_CLIENT)->try_write_error = UV_EPIPE;
+  hbuf *b = h_buf(h);
+  hb_heartbeat(b, 0);
+  h_sendb(h, H_BROKER, b);
+  h_settle(h);
+  /* what the client sent before it went is still read: its EOF ends it */
+  h_eof(h, H_CLIENT, UV_ECONNRESET);
+  h_settle(h);
+  h_eof(h, H_BROKER, UV_EOF);
+  gone_as(h, "client write failed");
+}
+
+static void test_close_client_write_completes_failed(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_peer(h, H_CLIENT)->try_write_max = 0; /* everything goes in a request */
+  h_peer(h, H_CLIENT)->complete_error = UV_ECONNRESET;
+  hbuf *b = h_buf(h);
+  hb_heartbeat(b, 0);
+  h_sendb(h, H_BROKER, b);
+  /* no EOF from the client: rebound gives it PX_CLOSE_WAIT_MS (2 s) */
+  gone_as(h, "client write failed");
+}
+
+static void test_close_upstream_write_failed(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_peer(h, H_BROKER)->try_write_error = UV_EPIPE;
+  hbuf *b = h_buf(h);
+  hb_heartbeat(b, 0);
+  h_sendb(h, H_CLIENT, b);
+  gone_as(h, "upstream write failed");
+  h_expect_none(h, H_CLIENT);
+}
+
+static void test_close_bad_protocol_header(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, "AMQP\x01\x01\x00\x0a", 8); /* 1.0 */
+  h_expect(h, H_CLIENT,
+           "protocol-header"); /* the 0-9-1 one, as the spec says */
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+  assert_true(h_peer(h, H_CLIENT)->shut);
+  assert_int_equal(h->srv.stats.protocol_errors, 1);
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "bad protocol header");
+}
+
+static void test_close_handshake_timeout(void **state) {
+  static const char *const args[] = {POLICY, "--handshake-timeout", "200ms",
+                                     NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_BROKER, "protocol-header");
+  gone_as(h, "handshake timeout");
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+}
+
+static void test_close_no_upstream(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_peer(h, H_BROKER)->connect_status = UV_ECONNREFUSED;
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  gone_as(h, "no upstream reachable");
+  assert_int_equal(h_metric(h, PX_M_CONNECT_FAILURES, "127.0.0.1:5672", NULL),
+                   1);
+  assert_string_equal(h_peer(h, H_BROKER)->connect_addr, "127.0.0.1:5672");
+  h_expect_none(h, H_CLIENT);
+}
+
+/* A client protocol error: connection.close with the reply code to the
+ * client; its close-ok ends the session as "closed by rebound". */
+static void protocol_error(void **state, uint16_t channel_max, const void *p,
+                           size_t len, const char *close_line) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, channel_max, 131072);
+  h_channel(h, 1, 1);
+  h_send(h, H_CLIENT, p, len);
+  h_expect(h, H_CLIENT, close_line);
+  h_expect_none(h, H_CLIENT);
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.protocol_errors, 1);
+  h_close_ok(h, H_CLIENT, 0);
+  gone_as(h, "closed by rebound");
+  /* the broker's side is closed without a connection.close of rebound's
+   * (not asserted: see the README's "waits for the broker's close-ok") */
+}
+
+static void test_close_bad_frame_end(void **state) {
+  static const uint8_t frame[] = {1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 10, 0xAB};
+  protocol_error(state, 10, frame, sizeof frame,
+                 "ch0 connection.close code=501 *");
+}
+
+static void test_close_class_on_channel0(void **state) {
+  hbuf b = {0};
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_QOS);
+  hb_method(&b, 0, &m);
+  uint8_t frame[64];
+  memcpy(frame, b.p, b.len);
+  size_t n = b.len;
+  hb_free(&b);
+  protocol_error(state, 10, frame, n,
+                 "ch0 connection.close code=503 text=\"COMMAND_INVALID - only "
+                 "connection methods on channel 0\" method=60.10");
+}
+
+static void test_close_content_on_channel0(void **state) {
+  hbuf b = {0};
+  hb_header(&b, 0, 0, NULL);
+  uint8_t frame[64];
+  memcpy(frame, b.p, b.len);
+  size_t n = b.len;
+  hb_free(&b);
+  protocol_error(state, 10, frame, n, "ch0 connection.close code=505 *");
+}
+
+static void test_close_heartbeat_on_channel(void **state) {
+  static const uint8_t frame[] = {8, 0, 1, 0, 0, 0, 0, 0xCE};
+  protocol_error(state, 10, frame, sizeof frame,
+                 "ch0 connection.close code=505 *");
+}
+
+static void test_close_body_unexpected(void **state) {
+  hbuf b = {0};
+  hb_body(&b, 1, "x", 1);
+  uint8_t frame[64];
+  memcpy(frame, b.p, b.len);
+  size_t n = b.len;
+  hb_free(&b);
+  protocol_error(state, 10, frame, n, "ch0 connection.close code=505 *");
+}
+
+static void test_close_frame_on_own_channel(void **state) {
+  hbuf b = {0};
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_QOS);
+  hb_method(&b, 10, &m); /* 10 is rebound's: the client never opened it */
+  uint8_t frame[64];
+  memcpy(frame, b.p, b.len);
+  size_t n = b.len;
+  hb_free(&b);
+  protocol_error(state, 10, frame, n,
+                 "ch0 connection.close code=504 "
+                 "text=\"CHANNEL_ERROR - expected 'channel.open'\" "
+                 "method=60.10");
+}
+
+static void test_close_second_tune_ok(void **state) {
+  hbuf b = {0};
+  amqp_method m;
+  amqp_method_init(&m, AMQP_CONNECTION_TUNE_OK);
+  m.args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u = 10;
+  m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u = 131072;
+  hb_method(&b, 0, &m);
+  uint8_t frame[64];
+  memcpy(frame, b.p, b.len);
+  size_t n = b.len;
+  hb_free(&b);
+  protocol_error(
+      state, 10, frame, n,
+      "ch0 connection.close code=504 text=\"CHANNEL_ERROR - unexpected "
+      "connection.tune-ok, the connection is already tuned\" "
+      "method=10.31");
+}
+
+static void test_close_broker_protocol_error(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  static const uint8_t frame[] = {1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 11, 0x00};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_channel(h, 1, 1);
+  h_send(h, H_BROKER, frame, sizeof frame);
+  h_expect(h, H_CLIENT, "ch0 connection.close code=541 *");
+  h_expect_none(h, H_CLIENT);
+  h_close_ok(h, H_CLIENT, 0);
+  gone_as(h, "closed by rebound");
+  /* the broker's side is closed without a connection.close of rebound's
+   * (not asserted: see the README's "waits for the broker's close-ok") */
+}
+
+static void test_close_client_silent_after_error(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  static const uint8_t frame[] = {1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 10, 0xAB};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_send(h, H_CLIENT, frame, sizeof frame);
+  h_expect(h, H_CLIENT, "ch0 connection.close code=501 *");
+  /* no close-ok: PX_CLOSE_WAIT_MS (2 s) later rebound closes */
+  gone_as(h, "close timeout");
+}
+
+static void test_close_drain(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  px_session_drain(h->s);
+  h_expect(h, H_CLIENT,
+           "ch0 connection.close code=320 "
+           "text=\"CONNECTION_FORCED - rebound shutting down\"");
+  h_expect_none(h, H_BROKER);
+  h_close_ok(h, H_CLIENT, 0);
+  h_expect(h, H_BROKER,
+           "ch0 connection.close code=200 text=\"rebound shutting down\"");
+  h_close_ok(h, H_BROKER, 0);
+  gone_as(h, "rebound shutting down");
+  h_expect_none(h, H_CLIENT);
+}
+
+static void test_close_drain_in_handshake(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_BROKER, "protocol-header");
+  px_session_drain(h->s);
+  gone_as(h, "rebound shutting down");
+  h_expect_none(h, H_CLIENT);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_remap, teardown),
+      cmocka_unit_test_teardown(test_yield, teardown),
+      cmocka_unit_test_teardown(test_own_channel_reopen, teardown),
+      cmocka_unit_test_teardown(test_own_channel_not_back, teardown),
+      cmocka_unit_test_teardown(test_confirm_order, teardown),
+      cmocka_unit_test_teardown(test_nack_multiple_mixed, teardown),
+      cmocka_unit_test_teardown(test_nack_uncached_alone, teardown),
+      cmocka_unit_test_teardown(test_held_frames_in_order, teardown),
+      cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
+      cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
+      cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
+      cmocka_unit_test_teardown(test_close_client_eof, teardown),
+      cmocka_unit_test_teardown(test_close_client_reset, teardown),
+      cmocka_unit_test_teardown(test_close_by_client, teardown),
+      cmocka_unit_test_teardown(test_close_by_broker, teardown),
+      cmocka_unit_test_teardown(test_close_broker_lost, teardown),
+      cmocka_unit_test_teardown(test_close_broker_gone_in_handshake, teardown),
+      cmocka_unit_test_teardown(test_close_client_write_failed, teardown),
+      cmocka_unit_test_teardown(test_close_client_write_completes_failed,
+                                teardown),
+      cmocka_unit_test_teardown(test_close_upstream_write_failed, teardown),
+      cmocka_unit_test_teardown(test_close_bad_protocol_header, teardown),
+      cmocka_unit_test_teardown(test_close_handshake_timeout, teardown),
+      cmocka_unit_test_teardown(test_close_no_upstream, teardown),
+      cmocka_unit_test_teardown(test_close_bad_frame_end, teardown),
+      cmocka_unit_test_teardown(test_close_class_on_channel0, teardown),
+      cmocka_unit_test_teardown(test_close_content_on_channel0, teardown),
+      cmocka_unit_test_teardown(test_close_heartbeat_on_channel, teardown),
+      cmocka_unit_test_teardown(test_close_body_unexpected, teardown),
+      cmocka_unit_test_teardown(test_close_frame_on_own_channel, teardown),
+      cmocka_unit_test_teardown(test_close_second_tune_ok, teardown),
+      cmocka_unit_test_teardown(test_close_broker_protocol_error, teardown),
+      cmocka_unit_test_teardown(test_close_client_silent_after_error, teardown),
+      cmocka_unit_test_teardown(test_close_drain, teardown),
+      cmocka_unit_test_teardown(test_close_drain_in_handshake, teardown),
+  };
+  h_on_fail(cmocka_fail);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
