@@ -48,6 +48,8 @@ static int fk_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
   c->open = true; /* the handle exists: its close must follow */
   f->close_pending = false;
   f->shutdown_pending = f->shut = false;
+  f->eof = 0;
+  f->ended = false; /* a new connection */
   if (f->connect_result < 0)
     return f->connect_result;
   f->connect_pending = true;
@@ -129,7 +131,6 @@ static void drop_input(fake_conn *f) {
   }
   f->in_tail = NULL;
   f->in_bytes = 0;
-  f->eof = 0;
 }
 
 void fake_free(fake_conn *f) {
@@ -142,7 +143,11 @@ void fake_free(fake_conn *f) {
 }
 
 void fake_send(fake_conn *f, const void *p, size_t len) {
-  if (len == 0)
+  fake_send_tagged(f, p, len, 0);
+}
+
+void fake_send_tagged(fake_conn *f, const void *p, size_t len, int tag) {
+  if (len == 0 || f->eof || f->ended)
     return;
   fake_piece *k = malloc(sizeof *k + len);
   if (!k)
@@ -150,6 +155,7 @@ void fake_send(fake_conn *f, const void *p, size_t len) {
   k->next = NULL;
   k->len = len;
   k->off = 0;
+  k->tag = tag;
   memcpy(k->data, p, len);
   if (f->in_tail)
     f->in_tail->next = k;
@@ -194,7 +200,7 @@ static bool feed(fake_conn *f) {
   while (f->active && f->reading && !f->close_pending && f->in_head) {
     fake_piece *k = f->in_head;
     if (f->before_feed && k->off == 0)
-      f->before_feed(f->hook_ctx, f, k->data, k->len);
+      f->before_feed(f->hook_ctx, f, k);
     while (f->active && f->reading && !f->close_pending && k->off < k->len) {
       uv_buf_t buf;
       px_conn_alloc(f->conn, &buf);
@@ -216,12 +222,14 @@ static bool feed(fake_conn *f) {
     if (!f->in_head)
       f->in_tail = NULL;
     if (f->after_feed)
-      f->after_feed(f->hook_ctx, f, k->data, k->len);
+      f->after_feed(f->hook_ctx, f, k);
     free(k);
   }
-  if (f->active && f->reading && !f->close_pending && !f->in_head && f->eof) {
-    int err = f->eof;
+  if (f->active && f->reading && !f->close_pending && !f->in_head &&
+      (f->eof || f->ended)) {
+    int err = f->eof ? f->eof : UV_EOF;
     f->eof = 0;
+    f->ended = true;
     did = true;
     px_conn_read_done(f->conn, err);
   }

@@ -26,15 +26,15 @@
 typedef struct fake_piece {
   struct fake_piece *next;
   size_t len, off;
+  int tag; /* the sender's, for the feed hooks */
   uint8_t data[];
 } fake_piece;
 
 typedef struct fake_conn fake_conn;
 
-/* Called around the feeding of one queued piece of input (fake_send()
- * queues one piece per call). */
-typedef void (*fake_feed_hook)(void *ctx, fake_conn *f, const uint8_t *p,
-                               size_t len);
+/* Called before the first and after the last byte of one queued piece of
+ * input is fed (fake_send() queues one piece per call). */
+typedef void (*fake_feed_hook)(void *ctx, fake_conn *f, const fake_piece *k);
 
 struct fake_conn {
   px_conn_io io; /* first: px_conn.io points here */
@@ -54,6 +54,8 @@ struct fake_conn {
   fake_piece *in_head, *in_tail;
   size_t in_bytes; /* queued, not yet fed */
   int eof;         /* nread to report once the queue is fed (0: none) */
+  bool ended;      /* the end was reported: a read restarted reports
+                      UV_EOF again, as a socket does; nothing more is sent */
   uint64_t fed;    /* bytes fed so far */
 
   /* writing */
@@ -86,8 +88,10 @@ static inline const px_conn_io *fake_io(fake_conn *f) {
 }
 
 /* The peer sends bytes (one piece), or ends its side: UV_EOF, or an error
- * such as UV_ECONNRESET, reported after what is queued. */
+ * such as UV_ECONNRESET, reported after what is queued. Bytes sent after
+ * the end are dropped. */
 void fake_send(fake_conn *f, const void *p, size_t len);
+void fake_send_tagged(fake_conn *f, const void *p, size_t len, int tag);
 void fake_send_eof(fake_conn *f, int err);
 
 /* Deliver what is due: a close (pending writes cancelled first), a
