@@ -4,7 +4,7 @@
  * Input: a flags byte, then records [op:1][len:2, big-endian][len bytes]
  * (a record cut short by the end of the input takes what is left):
  *
- *   op % 6 == 0  the client sends the bytes
+ *   op % 7 == 0  the client sends the bytes
  *             1  the broker sends the bytes (fed one frame per read, so a
  *                frame's effect shows on its own); ignored until the
  *                broker has received a protocol header, as a broker does
@@ -17,6 +17,9 @@
  *                the side, bit 1 stall, bytes[1] * 16 bytes per try_write
  *                (0: all)
  *             5  a side hangs up: bytes[0] bit 0 the side, bit 1 a reset
+ *             6  a side sends its previous record again, bytes[0] + 1
+ *                times (up to REPEAT_MAX bytes per input): volume, for
+ *                the backpressure against a stalled peer
  *
  * Flags: bit 0 a valid handshake first (then bits 1-2 pick channel-max
  * 2047, 2, 3 or 10, bit 3 frame-max 4096 instead of 131072, and bit 4
@@ -51,6 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define BROKER_FRAME_MAX ((4u << 20) + 8)
 /* Real time one input may spend in op 2. */
 #define WAIT_BUDGET_MS 24
+/* Bytes one input may send again through op 6. */
+#define REPEAT_MAX (24u << 20)
 
 static const char *const args_scripted[] = {"--retry-tiers",
                                             "2ms,5ms",
@@ -97,6 +102,10 @@ typedef struct fz {
   size_t checked[2];
   bool whole[2];
   unsigned waited_ms;
+  /* each side's previous record, for op 6 */
+  const uint8_t *last[2];
+  size_t last_len[2];
+  size_t repeated;
 } fz;
 
 static fz *current; /* for the dump of a violation */
@@ -357,6 +366,24 @@ static void op_eof(fz *z, const uint8_t *p, size_t len) {
   h_eof(z->h, b & 1 ? H_BROKER : H_CLIENT, b & 2 ? UV_ECONNRESET : UV_EOF);
 }
 
+static void broker_send(fz *z, const uint8_t *p, size_t len);
+
+static void op_repeat(fz *z, const uint8_t *p, size_t len) {
+  uint8_t b = len ? p[0] : 0;
+  h_side side = b & 1 ? H_BROKER : H_CLIENT;
+  unsigned times = len > 1 ? (unsigned)p[1] + 1 : 1;
+  for (unsigned i = 0; i < times && z->last_len[side] &&
+                       z->repeated + z->last_len[side] <= REPEAT_MAX;
+       i++) {
+    z->repeated += z->last_len[side];
+    if (side == H_CLIENT)
+      h_send(z->h, H_CLIENT, z->last[side], z->last_len[side]);
+    else
+      broker_send(z, z->last[side], z->last_len[side]);
+    h_step(z->h); /* what a stalled peer leaves unread piles up here */
+  }
+}
+
 static void op_wait(fz *z, const uint8_t *p, size_t len) {
   unsigned ms = len ? p[0] % 8 : 0;
   if (z->waited_ms + ms > WAIT_BUDGET_MS)
@@ -420,15 +447,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       len = size - off;
     const uint8_t *p = data + off;
     off += len;
-    switch (op % 6) {
+    switch (op % 7) {
     case 0:
       h_send(h, H_CLIENT, p, len);
+      z.last[H_CLIENT] = p;
+      z.last_len[H_CLIENT] = len;
       break;
     case 1:
       /* a broker speaks once it has the protocol header (rebound passes
        * what a broker sends before that on to the client as it is) */
-      if (h->peer[H_BROKER].log_len >= AMQP_PROTOCOL_HEADER_SIZE)
+      if (h->peer[H_BROKER].log_len >= AMQP_PROTOCOL_HEADER_SIZE) {
         broker_send(&z, p, len);
+        z.last[H_BROKER] = p;
+        z.last_len[H_BROKER] = len;
+      }
       break;
     case 2:
       op_wait(&z, p, len);
@@ -439,8 +471,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4:
       op_stall(&z, p, len);
       break;
-    default:
+    case 5:
       op_eof(&z, p, len);
+      break;
+    default:
+      op_repeat(&z, p, len);
       break;
     }
     h_settle(h);

@@ -4,7 +4,8 @@
 Input format (fuzz_session.c): a flags byte, then records
 [op:1][len:2 big-endian][bytes]; op 0 the client sends, 1 the broker sends,
 2 time passes (bytes[0] % 8 ms), 3 a side's writes fail, 4 a side's writes
-stall, 5 a side hangs up. Flags bit 0: a valid handshake first (bits 1-2
+stall, 5 a side hangs up, 6 a side sends its previous record again
+(bytes[1] + 1 times). Flags bit 0: a valid handshake first (bits 1-2
 channel-max 2047/2/3/10, bit 3 frame-max 4096, bit 4 a consumer of "q" as
 "c" on channel 1); bit 5: the upstream refuses the connection.
 
@@ -39,7 +40,7 @@ import decode  # noqa: E402  (the golden recordings' own, spec-driven decoder)
 METHODS, _ = decode.load_spec()
 BY_NAME = {v[0]: (k, v[1]) for k, v in METHODS.items()}
 
-CLIENT, BROKER, WAIT, WRITE_FAIL, STALL, HANG_UP = range(6)
+CLIENT, BROKER, WAIT, WRITE_FAIL, STALL, HANG_UP, REPEAT = range(7)
 
 
 # ---- encoding ---------------------------------------------------------------
@@ -303,6 +304,21 @@ def scenarios():
                               multiple=1)),
         record(STALL, b"\x03\x00"),
         record(HANG_UP, b"\x01"),
+    ])
+    # a stalled client and a broker that keeps delivering: rebound stops
+    # reading the broker at its high-water mark, and reads on once the
+    # client takes what it was sent
+    yield "scenario-flood", bytes([consumer]) + b"".join([
+        record(STALL, b"\x00\x00"),
+        record(STALL, b"\x02\x00"),
+        record(BROKER, b"".join(deliver(t, b"y" * 2000) for t in
+                                range(1, 32))),
+        record(REPEAT, b"\x01\xff"),
+        record(CLIENT, method(1, "basic.ack", delivery_tag=0, multiple=1)),
+        record(REPEAT, b"\x00\x20"),
+        record(STALL, b"\x00\x00"),
+        record(WAIT, b"\x01"),
+        record(HANG_UP, b"\x00"),
     ])
     yield "scenario-no-upstream", bytes([32]) + record(
         CLIENT, b"AMQP\x00\x00\x09\x01")
