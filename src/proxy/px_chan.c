@@ -1,6 +1,7 @@
 #include "px_chan.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 const char *px_chan_state_name(int state) {
   static const char *const names[] = {"opening", "open", "closing",
@@ -40,6 +41,12 @@ int px_tab_set(px_tab *t, uint16_t ch, px_chan *c) {
 }
 
 int px_chan_hold(px_chan *c, px_slice s) {
+  if (c->hold_head && c->hold_head * 2 >= c->nhold) { /* mostly taken */
+    memmove(c->hold, c->hold + c->hold_head,
+            px_chan_nheld(c) * sizeof *c->hold);
+    c->nhold -= c->hold_head;
+    c->hold_head = 0;
+  }
   if (c->nhold == c->cap_hold) {
     uint32_t cap = c->cap_hold ? c->cap_hold * 2 : 8;
     px_slice *h = realloc(c->hold, cap * sizeof *h);
@@ -55,12 +62,22 @@ int px_chan_hold(px_chan *c, px_slice s) {
   return 0;
 }
 
+px_slice px_chan_pop_held(px_chan *c) {
+  px_slice s = c->hold[c->hold_head++];
+  c->held_bytes -= s.len;
+  return s;
+}
+
+void px_chan_unpop_held(px_chan *c) {
+  c->held_bytes += c->hold[--c->hold_head].len;
+}
+
 void px_chan_drop_held(px_chan *c) {
-  for (uint32_t i = 0; i < c->nhold; i++)
+  for (uint32_t i = c->hold_head; i < c->nhold; i++)
     px_chunk_unref(c->hold[i].chunk);
   free(c->hold);
   c->hold = NULL;
-  c->nhold = c->cap_hold = 0;
+  c->hold_head = c->nhold = c->cap_hold = 0;
   c->held_bytes = 0;
   c->held = false;
 }

@@ -38,13 +38,12 @@ typedef struct px_chan {
   bool held;         /* frames wait in `hold` (client -> upstream) */
   uint64_t c2u_left; /* body bytes still due */
   uint64_t u2c_left;
-  bool open_held;    /* hold[0] is this channel's channel.open */
-  bool in_release;   /* px__release_held() is walking `hold` */
-  bool release_late; /* closed meanwhile: free it once the walk ends */
-  uint32_t gen;      /* tells a reopened channel number from the old */
-  bool tx;           /* tx.select: settlements are transactional */
-  px_slice *hold;    /* client frames held back, in order */
-  uint32_t nhold, cap_hold;
+  bool open_held;      /* the first held frame is this channel's channel.open */
+  bool release_queued; /* in the session's release queue */
+  uint32_t gen;        /* tells a reopened channel number from the old */
+  bool tx;             /* tx.select: settlements are transactional */
+  px_slice *hold;      /* client frames held back, in order: */
+  uint32_t hold_head, nhold, cap_hold; /* hold[hold_head..nhold) */
   uint64_t held_bytes;
   px_track track; /* consumers and deliveries (px_track.c) */
 } px_chan;
@@ -78,6 +77,15 @@ int px_tab_set(px_tab *t, uint16_t ch, px_chan *c);
 /* Append a slice (taking over its chunk reference) to a channel's held
  * frames. Returns 0 or -1 (no memory: the reference is dropped). */
 int px_chan_hold(px_chan *c, px_slice s);
+
+/* How many frames are held. */
+static inline uint32_t px_chan_nheld(const px_chan *c) {
+  return c->nhold - c->hold_head;
+}
+/* Take the oldest held frame (its chunk reference with it); there must be
+ * one. px_chan_unpop() puts it back, first again. */
+px_slice px_chan_pop_held(px_chan *c);
+void px_chan_unpop_held(px_chan *c);
 
 /* Drop every held frame (on close). */
 void px_chan_drop_held(px_chan *c);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_own.h"
 #include "px_session_int.h"
 
 /* Upper bound on frame-max when a peer negotiates 0 ("no limit"). */
@@ -19,26 +20,10 @@
  * 512 MiB (its max_message_size cannot be set higher); anything past 4 GiB
  * is a broken or hostile peer, and sizes near 2^64 would overflow sums. */
 #define PX_UPSTREAM_BODY_MAX UINT64_C(0xffffffff)
-/* rebound's channel reopens at once after its first close, then after
- * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
- * until a copy is confirmed again. */
-#define PX_OWN_BACKOFF_MS 500
-#define PX_OWN_BACKOFF_MAX_MS 30000
-
-static bool own_active(const px_session *s) {
-  return s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
-         s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING;
-}
-
-/* Is rebound's channel on the client's upstream connection (a number
- * there is taken)? */
-static bool own_on_main(const px_session *s) {
-  return own_active(s) && !s->own_on_pub;
-}
 
 /* Is upstream channel `n` unused, by the client and by rebound? */
 static bool up_free(const px_session *s, uint32_t n) {
-  return !(n == s->own_ch && own_on_main(s)) &&
+  return !(n == s->own_ch && px_own_on_main(s)) &&
          !px_tab_get(&s->by_up, (uint16_t)n);
 }
 
@@ -66,295 +51,9 @@ int px__client_error(px_session *s, uint16_t code, const char *detail,
   return PX_STOP;
 }
 
-/* ---- rebound's own channel ---------------------------------------------- */
-
-static void release_own_waiters(px_session *s);
-
-static void pub_open(px_session *s);
-
-/* Open rebound's channel: on the separate retry connection (connecting
- * it first), or on the client's connection on a number the client has
- * not opened. */
-static void own_open(px_session *s) {
-  amqp_method m;
-  uint16_t n = 0;
-  s->own_seq = 0; /* confirm.select numbers publishes from 1 */
-  if (!s->srv->cfg->retry_shared && !s->pub_failed) {
-    s->own_on_pub = true;
-    s->own_ch = 1;
-    s->own_state = PX_OWN_OPENING;
-    if (!s->pub) {
-      pub_open(s); /* channel.open once it is logged in */
-      return;
-    }
-    if (s->pub_ready) {
-      amqp_method_init(&m, AMQP_CHANNEL_OPEN);
-      px__emit_method(s, NULL, 1, &m);
-    }
-    return;
-  }
-  s->own_on_pub = false;
-  for (uint32_t k = s->channel_max; k >= 1 && !n; k--)
-    if (!px_tab_get(&s->by_up, (uint16_t)k) &&
-        !px_tab_get(&s->by_client, (uint16_t)k))
-      n = (uint16_t)k;
-  if (!n) {
-    s->own_state = PX_OWN_YIELDED;
-    s->own_ch = 0;
-    return;
-  }
-  s->own_ch = n;
-  s->own_state = PX_OWN_OPENING;
-  amqp_method_init(&m, AMQP_CHANNEL_OPEN);
-  px__emit_method(s, &s->upstream, n, &m);
-}
-
-void px__own_want(px_session *s) {
-  if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms &&
-      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone)
-    own_open(s);
-}
-
-static void own_yield_now(px_session *s) {
-  amqp_method m;
-  amqp_method_init(&m, AMQP_CHANNEL_CLOSE);
-  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u = AMQP_REPLY_SUCCESS;
-  m.args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b =
-      amqp_cstr("rebound yields this channel");
-  px__emit_method(s, &s->upstream, s->own_ch, &m);
-  s->own_state = PX_OWN_CLOSING;
-  s->yield_requested = false;
-}
-
-/* rebound's channel is gone: its number goes to the waiting client
- * channel, whose held frames are released. */
-static void own_handover(px_session *s) {
-  uint16_t n = s->own_ch;
-  px_chan *c = px_tab_get(&s->by_client, s->yield_waiter);
-  s->own_state = PX_OWN_YIELDED;
-  s->own_ch = 0;
-  s->yield_waiter = 0;
-  s->srv->stats.own_channel_yields++;
-  release_own_waiters(s); /* no channel of rebound's: requeues pass */
-  px_info("own_channel_yielded", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_U("channel", n), PX_S("reason", "client opened every channel"));
-  if (!c)
-    return;
-  c->up_ch = n;
-  px_tab_set(&s->by_up, n, c);
-  px__release_held(s, c);
-}
-
-/* Requeues that waited for rebound's channel go through the handler again
- * (retried now, or passed through if the channel could not reopen). */
-static void release_own_waiters(px_session *s) {
-  unsigned n = s->n_own_waiters;
-  s->n_own_waiters = 0;
-  for (unsigned i = 0; i < n; i++) {
-    px_chan *c = px_tab_get(&s->by_client, s->own_waiters[i].ch);
-    if (c && c->gen == s->own_waiters[i].gen && c->held &&
-        !c->track.retries_pending && !c->track.defers_pending)
-      px__release_held(s, c);
-  }
-}
-
-/* How long until rebound's channel reopens after its latest close. */
-static uint32_t own_backoff_ms(px_session *s) {
-  if (s->own_failures < UINT8_MAX)
-    s->own_failures++;
-  if (s->own_failures <= 1)
-    return 0;
-  uint32_t ms = PX_OWN_BACKOFF_MS;
-  for (unsigned i = 2; i < s->own_failures && ms < PX_OWN_BACKOFF_MAX_MS; i++)
-    ms *= 2;
-  return ms < PX_OWN_BACKOFF_MAX_MS ? ms : PX_OWN_BACKOFF_MAX_MS;
-}
-
-void px__own_reopen(px_session *s) {
-  if (s->own_state == PX_OWN_NONE && s->state == PX_S_OPEN &&
-      !s->proxy_closing && !s->client_gone)
-    own_open(s);
-}
-
-/* The broker closed rebound's channel (a refused declare, a queue whose
- * home node is down, ...): copies in flight fall back, and the channel
- * reopens, at once when the close only showed a queue's type, else after
- * the backoff. Never given up: requeues wait meanwhile. */
-static void own_closed(px_session *s, const amqp_method *close) {
-  amqp_bytes text = close->args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
-  uint16_t code = (uint16_t)close->args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u;
-  amqp_method m;
-  bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
-  s->own_state = PX_OWN_NONE; /* no new copies while they fall back */
-  bool adapted = px__retry_own_lost(s, code, text);
-  uint32_t delay = adapted ? 0 : own_backoff_ms(s);
-  s->srv->stats.own_channel_errors++;
-  px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_U("channel", s->own_ch), PX_U("code", code),
-          PX_B("text", text.ptr, text.len), PX_U("reopen_ms", delay));
-  amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
-  px__emit_method(s, px__own_side(s), s->own_ch, &m);
-  if (yielding) {
-    own_handover(s);
-    return;
-  }
-  s->own_state = PX_OWN_NONE;
-  if (delay == 0) {
-    own_open(s);
-    return;
-  }
-  px__retry_reopen_at(s, uv_now(s->srv->loop) + delay);
-  release_own_waiters(s); /* their requeues wait for it, up to a delay */
-  if (!px__retry_busy(s))
-    px__retry_idle(s);
-}
-
-static int own_frame(px_session *s, const amqp_frame *f) {
-  amqp_method m;
-  if (f->type != AMQP_FRAME_METHOD)
-    return PX_DROP; /* content of a basic.return to rebound */
-  int rc = amqp_method_decode(f->payload, &m);
-  if (rc != AMQP_OK) {
-    px_warn("own_channel_bad_frame", PX_U("id", s->id),
-            PX_S("error", amqp_status_str(rc)));
-    return PX_DROP;
-  }
-  switch (m.id) {
-  case AMQP_CHANNEL_OPEN_OK:
-    s->own_state = PX_OWN_SELECTING;
-    amqp_method_init(&m, AMQP_CONFIRM_SELECT);
-    px__emit_method(s, px__own_side(s), s->own_ch, &m);
-    break;
-  case AMQP_CONFIRM_SELECT_OK:
-    s->own_state = PX_OWN_READY;
-    px_debug("own_channel_ready", PX_U("id", s->id),
-             PX_U("channel", s->own_ch));
-    release_own_waiters(s);
-    px__retry_own_ready(s);
-    if (s->yield_requested && s->ops.n == 0)
-      own_yield_now(s);
-    break;
-  case AMQP_BASIC_ACK:
-    px__retry_confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
-                      m.args[AMQP_F_BASIC_ACK_MULTIPLE].u, true);
-    break;
-  case AMQP_BASIC_NACK:
-    px__retry_confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
-                      m.args[AMQP_F_BASIC_NACK_MULTIPLE].u, false);
-    break;
-  case AMQP_BASIC_RETURN:
-    px__retry_returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
-    break;
-  case AMQP_CHANNEL_CLOSE:
-    own_closed(s, &m);
-    break;
-  case AMQP_CHANNEL_CLOSE_OK:
-    own_handover(s);
-    break;
-  default:
-    break; /* confirms and returns for rebound's publishes */
-  }
-  return PX_DROP;
-}
-
-/* ---- the separate retry connection (px_pub.h) -------------------------
- */
-
-static int own_frame(px_session *s, const amqp_frame *f);
-
-static void pub_ready(void *ctx) {
-  px_session *s = ctx;
-  s->pub_ready = true;
-  s->srv->stats.retry_connections_total++;
-  px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("upstream", s->upstream_addr));
-  if (s->own_state == PX_OWN_OPENING && s->own_on_pub) {
-    amqp_method m;
-    amqp_method_init(&m, AMQP_CHANNEL_OPEN);
-    px__emit_method(s, NULL, 1, &m);
-  }
-  px__session_flush(s);
-}
-
-static void pub_frame(void *ctx, const amqp_frame *f) {
-  px_session *s = ctx;
-  if (s->own_on_pub && f->channel == s->own_ch && own_active(s))
-    own_frame(s, f);
-  px__session_flush(s);
-}
-
-static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
-  px_session *s = ctx;
-  px__retry_blocked(s, blocked, reason, "retry connection");
-  px__session_flush(s);
-}
-
-/* The retry connection failed or was closed. Never logged in: rebound's
- * channel goes on the client's connection. Lost later: it is opened again
- * after the backoff; copies in flight fall back meanwhile. */
-static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
-  px_session *s = ctx;
-  bool was_ready = s->pub_ready;
-  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
-  px_pub_close(s->pub);
-  s->pub = NULL;
-  s->pub_ready = false;
-  s->own_state = PX_OWN_NONE; /* before anything may publish again */
-  if (own)
-    px__retry_own_lost(s, 0, text);
-  px__retry_blocked(s, false, amqp_cstr(""), "retry connection");
-  if (!was_ready) {
-    s->pub_failed = true;
-    s->srv->stats.retry_connection_failures++;
-  }
-  px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->upstream_addr), PX_S("error", why),
-          PX_B("text", text.ptr, text.len),
-          PX_S("action", was_ready ? "reconnect after a backoff"
-                                   : "copies go on the client's connection"));
-  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
-    if (!was_ready)
-      own_open(s);
-    else
-      px__retry_reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
-  }
-  release_own_waiters(s);
-  if (!px__retry_busy(s))
-    px__retry_idle(s);
-  px__session_flush(s);
-}
-
-static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,
-                                         pub_lost};
-
-static void pub_open(px_session *s) {
-  s->login.frame_max = s->frame_max;
-  s->login.timeout_ms = s->srv->cfg->handshake_timeout_ms;
-  s->login.peer = s->peer;
-  s->pub_ready = false;
-  s->pub = s->login_auth
-               ? px_pub_open(s->srv->loop, (struct sockaddr *)&s->upstream_sa,
-                             &s->login, &pub_events, s)
-               : NULL;
-  if (s->pub)
-    return;
-  s->pub_failed = true;
-  s->srv->stats.retry_connection_failures++;
-  px_warn("retry_connection_failed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->upstream_addr),
-          PX_S("error", s->login_auth ? "cannot be set up"
-                                      : "the client's login was not kept"),
-          PX_S("action", "copies go on the client's connection"));
-  own_open(s);
-}
-
 /* ---- channels ----------------------------------------------------------- */
 
 void px__chan_release(px_session *s, px_chan *c) {
-  if (c->in_release) {
-    c->release_late = true;
-    return;
-  }
   px__track_free(s, c);
   px_tab_set(&s->by_client, c->client_ch, NULL);
   if (c->up_ch && px_tab_get(&s->by_up, c->up_ch) == c)
@@ -364,7 +63,7 @@ void px__chan_release(px_session *s, px_chan *c) {
   s->nchans--;
   if (s->own_state == PX_OWN_YIELDED && s->state == PX_S_OPEN &&
       !s->proxy_closing)
-    own_open(s);
+    px_own_open(s);
 }
 
 void px__chans_free(px_session *s) {
@@ -412,7 +111,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     }
     return PX_FORWARD;
   }
-  if (!own_on_main(s) || s->yield_waiter) {
+  if (!px_own_on_main(s) || s->yield_waiter) {
     free(c); /* no number left at all: the broker decides */
     return PX_FORWARD;
   }
@@ -428,7 +127,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   s->nchans++;
   s->yield_waiter = ch;
   if (s->own_state == PX_OWN_READY && s->ops.n == 0)
-    own_yield_now(s);
+    px_own_yield_now(s);
   else if (s->own_state != PX_OWN_CLOSING)
     s->yield_requested = true;
   *hold_chan = c;
@@ -675,7 +374,7 @@ static int client_frame_chan_closing(px_session *s, px_chan *c, uint8_t *raw,
 /* Is upstream channel `n` carrying something else than the client's own
  * channel `n` (rebound's channel, or a client channel moved there)? */
 static bool up_taken(const px_session *s, uint16_t n) {
-  return (n == s->own_ch && own_on_main(s)) || px_tab_get(&s->by_up, n);
+  return (n == s->own_ch && px_own_on_main(s)) || px_tab_get(&s->by_up, n);
 }
 
 /* A frame on a channel the client has not opened. Where that number
@@ -706,7 +405,7 @@ static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
   amqp_method m;
   if ((id != AMQP_BASIC_ACK && id != AMQP_BASIC_NACK &&
        id != AMQP_BASIC_REJECT) ||
-      c->nhold || c->open_held || c->in_release || c->tx ||
+      px_chan_nheld(c) || c->open_held || c->release_queued || c->tx ||
       c->state != PX_CH_OPEN || amqp_method_decode(f->payload, &m) != AMQP_OK)
     return false;
   uint64_t tag = id == AMQP_BASIC_ACK ? m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u
@@ -784,7 +483,7 @@ void px__retry_idle(px_session *s) {
   if (s->state == PX_S_CLOSED)
     return;
   if (s->yield_requested && s->own_state == PX_OWN_READY)
-    own_yield_now(s);
+    px_own_yield_now(s);
   bool closing = s->conn_held || s->close_upstream_idle;
   if (s->conn_held)
     px__release_conn_hold(s); /* the client's own connection.close */
@@ -855,7 +554,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     px__handshake_done(s);
     log_open(s);
     if (s->srv->cfg->retry_shared)
-      own_open(s); /* else at the first delivery kept for retry */
+      px_own_open(s); /* else at the first delivery kept for retry */
     break;
   case AMQP_CONNECTION_CLOSE:
     if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
@@ -919,8 +618,8 @@ static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
 }
 
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
-  if (f->channel != 0 && f->channel == s->own_ch && own_on_main(s))
-    return own_frame(s, f); /* confirms of copies in flight still count */
+  if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
+    return px_own_frame(s, f); /* confirms of copies in flight still count */
   if (f->type == AMQP_FRAME_METHOD && f->channel == 0 &&
       (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
        amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&
@@ -964,10 +663,8 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
     c->state = PX_CH_SERVER_CLOSED;
     px__track_clear(s, c);
     c->track.retries_pending = c->track.defers_pending = 0;
-    if (!c->in_release) {
-      c->held = c->open_held = false;
-      px__drop_held(s, c);
-    }
+    c->held = c->open_held = false;
+    px__drop_held(s, c);
     break;
   }
 }
@@ -979,8 +676,8 @@ int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
     return s->client_gone ? PX_DROP : PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
-  if (f->channel != 0 && f->channel == s->own_ch && own_on_main(s))
-    return own_frame(s, f);
+  if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
+    return px_own_frame(s, f);
   if (s->client_gone)
     return PX_DROP; /* only rebound's own traffic matters now */
   if (f->channel == 0)

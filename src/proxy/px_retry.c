@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "px_counters.h"
+#include "px_own.h"
 #include "px_session_int.h"
 #include "retry_policy.h"
 
@@ -148,20 +149,12 @@ void px__retry_free(px_session *s) {
 /* ---- sending ---------------------------------------------------------------
  */
 
-static void emit_settle(px_session *s, px_chan *c, uint32_t id, uint64_t tag,
+/* Settle an original on the client's channel upstream. false when the
+ * output failed (the session closes over it). */
+static bool emit_settle(px_session *s, px_chan *c, uint32_t id, uint64_t tag,
                         bool requeue) {
-  amqp_method m;
-  amqp_method_init(&m, id);
-  if (id == AMQP_BASIC_ACK) {
-    m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u = tag;
-  } else if (id == AMQP_BASIC_REJECT) {
-    m.args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u = tag;
-    m.args[AMQP_F_BASIC_REJECT_REQUEUE].u = requeue;
-  } else {
-    m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u = tag;
-    m.args[AMQP_F_BASIC_NACK_REQUEUE].u = requeue;
-  }
-  px__emit_method(s, &s->upstream, c->up_ch, &m);
+  return px_out_settle(&s->out, &s->upstream, c->up_ch, id, tag, requeue) ==
+         PX_OUT_OK;
 }
 
 static const retry_rule *delivery_rule(px_session *s, const px_delivery *d);
@@ -199,14 +192,14 @@ static void put_string(amqp_writer *w, const char *key, const char *value) {
  * default exchange) or the dead-letter queue, once per connection. A
  * quorum tier dead-letters at-least-once (which needs reject-publish):
  * what it expires reaches the source even across a broker restart. */
-static void ensure_queue(px_session *s, const retry_rule *rule,
-                         const retry_plan *plan, const char *queue) {
+static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
+                                  const retry_plan *plan, const char *queue) {
   uint8_t args[512];
   amqp_writer w = amqp_writer_make(args, sizeof args);
   amqp_method m;
 
   if (in_list(s->declared, s->ndeclared, plan->target))
-    return;
+    return PX_OUT_OK;
   bool quorum = declare_quorum(s, rule, plan->target);
   if (alt_type(s, plan->target)) /* what a 406 to it then means */
     list_add(&s->alt_declared, &s->nalt_declared, plan->target);
@@ -228,8 +221,10 @@ static void ensure_queue(px_session *s, const retry_rule *rule,
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_QUEUE_DECLARE_DURABLE].u = 1;
   m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
-  px__emit_method(s, px__own_side(s), s->own_ch, &m);
-  list_add(&s->declared, &s->ndeclared, plan->target);
+  px_out_status st = px_out_method(&s->out, px__own_side(s), s->own_ch, &m);
+  if (st == PX_OUT_OK)
+    list_add(&s->declared, &s->ndeclared, plan->target);
+  return st;
 }
 
 /* Which of rebound's headers a copy gets. */
@@ -394,24 +389,26 @@ static int publish_copy(px_session *s, px_delivery *d,
     free(frame);
     return n == -COPY_TOO_LARGE ? COPY_TOO_LARGE : -1;
   }
-  ensure_queue(s, delivery_rule(s, d), plan, px_dl_queue(d));
+  px_conn *sink = px__own_side(s);
   amqp_method m;
   amqp_method_init(&m, AMQP_BASIC_PUBLISH);
   m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b =
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_BASIC_PUBLISH_MANDATORY].u = 1;
-  px__emit_method(s, px__own_side(s), s->own_ch, &m);
-  px__emit_frame(s, px__own_side(s), AMQP_FRAME_HEADER, s->own_ch, frame,
-                 (size_t)n);
+  px_out_status st = ensure_queue(s, delivery_rule(s, d), plan, px_dl_queue(d));
+  if (st == PX_OUT_OK)
+    st = px_out_method(&s->out, sink, s->own_ch, &m);
+  if (st == PX_OUT_OK)
+    st = px_out_frame(&s->out, sink, AMQP_FRAME_HEADER, s->own_ch, frame,
+                      (size_t)n);
   free(frame);
   const uint8_t *body = d->content + d->header_len;
   size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
-  for (uint64_t off = 0; off < d->body_len; off += chunk) {
+  for (uint64_t off = 0; st == PX_OUT_OK && off < d->body_len; off += chunk) {
     size_t k = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
-    px__emit_frame(s, px__own_side(s), AMQP_FRAME_BODY, s->own_ch, body + off,
-                   k);
+    st = px_out_frame(&s->out, sink, AMQP_FRAME_BODY, s->own_ch, body + off, k);
   }
-  return 0;
+  return st == PX_OUT_OK ? 0 : -1; /* a failure closes the session */
 }
 
 /* ---- copies in flight ------------------------------------------------------
@@ -557,9 +554,7 @@ static int park(px_session *s, const px_chan *c, const px_delivery *d,
 
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why);
-static void refused_or_defer(px_session *s, px_chan *c, px_delivery *d,
-                             bool is_reject, bool retry, const char *why,
-                             uint64_t refused_ms);
+
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject);
 
@@ -601,6 +596,14 @@ static void unpark(px_session *s) {
       px__release_held(s, c);
   }
   px_ring_free(&todo);
+}
+
+bool px__retry_unpark(px_session *s) {
+  if (s->ops.n || !s->parked.n || s->own_state != PX_OWN_READY ||
+      s->own_blocked)
+    return false;
+  unpark(s);
+  return true;
 }
 
 /* rebound's channel is gone: parked copies wait for it like any requeue
@@ -752,18 +755,35 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
   return true;
 }
 
-/* A deferred requeue of a copy the broker nacked: while rebound's channel
- * is ready, the copy is published again (the same attempt, still counted)
- * for up to the confirm timeout since the first refusal; a broker that
- * refuses longer gets the requeue. A quorum tier refuses copies while it
- * has no leader (a node went away). true when a copy is on its way. */
+/* A copy the broker nacked (a quorum tier refuses copies while it has no
+ * leader: a node went away) is published again after the tier delay, the
+ * same attempt, still counted, while the first refusal is less than the
+ * confirm timeout ago; a broker that refuses longer gets the client's
+ * requeue. true when the copy waits for its next try. */
+static bool refused(px_session *s, px_chan *c, px_delivery *d,
+                    const px_retry_op *op, const char *why) {
+  uint64_t now = uv_now(s->srv->loop);
+  uint64_t first = op->refused_ms ? op->refused_ms : now;
+  if (why != WHY_NACKED || op->returned || s->conn_held ||
+      now - first >= s->srv->cfg->retry_confirm_timeout_ms)
+    return false;
+  if (!defer_requeue(s, c, d, op->is_reject, true, why, first))
+    return false;
+  px_warn("retry_copy_refused", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+          PX_S("target", op->target), PX_U("refused_for_ms", now - first),
+          PX_S("action", "published again after the tier delay"));
+  return true;
+}
+
+/* A deferred copy the broker refused, due: published again (while
+ * rebound's channel is ready; else its requeue goes). true when a copy is
+ * on its way. */
 static bool refused_again(px_session *s, px_chan *c, px_delivery *d,
                           const px_defer *f) {
   uint64_t now = uv_now(s->srv->loop);
   if (!f->retry || !f->refused_ms || !d || d->state != PX_DL_DEFERRED ||
-      s->own_state != PX_OWN_READY || s->own_blocked ||
-      c->state != PX_CH_OPEN ||
-      now - f->refused_ms >= s->srv->cfg->retry_confirm_timeout_ms)
+      s->own_state != PX_OWN_READY || s->own_blocked || c->state != PX_CH_OPEN)
     return false;
   d->state = PX_DL_CACHED;
   s->next_refused_ms = f->refused_ms;
@@ -790,8 +810,9 @@ static void defer_fire(px_session *s, const px_defer *f) {
     return;
   if (!f->logged && d) /* it waited for a counted retry that did not come */
     log_deferred(s, d, defer_delay(s, d), f->why);
-  emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, f->tag,
-              true);
+  if (!emit_settle(s, c, f->is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
+                   f->tag, true))
+    return;
   px_metrics_inc(s->srv, PX_M_DELAYED, f->why, NULL);
   px__track_settle(s, c, f->tag, false);
   if (c->track.defers_pending && --c->track.defers_pending == 0 &&
@@ -832,16 +853,14 @@ void px__retry_defer_due(uv_timer_t *timer) {
  * delay. */
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why) {
-  refused_or_defer(s, c, d, is_reject, retry, why, 0);
-}
-
-static void refused_or_defer(px_session *s, px_chan *c, px_delivery *d,
-                             bool is_reject, bool retry, const char *why,
-                             uint64_t refused_ms) {
-  if (d->rule && defer_requeue(s, c, d, is_reject, retry, why, refused_ms))
+  /* a client whose connection.close waits gets no delay: the broker
+   * requeues what it leaves unsettled as soon as the close goes on */
+  if (d->rule && !s->conn_held &&
+      defer_requeue(s, c, d, is_reject, retry, why, 0))
     return;
-  emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK, d->tag,
-              true);
+  if (!emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
+                   d->tag, true))
+    return;
   px__track_forget(s, c, d);
 }
 
@@ -998,7 +1017,8 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
     return;
   }
   if (ok) {
-    emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false);
+    if (!emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false))
+      return;
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
     if (op->dead_letter) {
       px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
@@ -1016,21 +1036,16 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   } else {
     px_delivery *d = px__track_find(c, op->tag);
     if (d)
-      d->state = PX_DL_CACHED; /* no longer being retried */
-    if (!d || !republish(s, c, d, op)) {
+      d->state = PX_DL_CACHED;                   /* no longer being retried */
+    bool again = d && refused(s, c, d, op, why); /* after the delay */
+    if (!again && (!d || !republish(s, c, d, op))) {
       px_metrics_inc(s->srv, PX_M_FALLBACKS, why, NULL);
       px_warn("retry_fallback", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
               PX_S("target", op->target), PX_S("reason", why),
               PX_S("action", "requeued after the tier delay"));
-      /* a nacked copy is tried again after the delay: the first refusal
-       * starts the time it may take (refused_again()) */
-      uint64_t refused = why != WHY_NACKED ? 0
-                         : op->refused_ms  ? op->refused_ms
-                                           : uv_now(s->srv->loop);
       if (d)
-        refused_or_defer(s, c, d, op->is_reject, retry_later(why), why,
-                         refused);
+        requeue_or_defer(s, c, d, op->is_reject, retry_later(why), why);
     }
     px__track_tidy(c);
   }
@@ -1059,10 +1074,7 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
            done[i].returned ? "returned by the broker (unroutable)" : why);
   if (done != &one)
     free(done);
-  if (s->ops.n == 0)
-    unpark(s);
-  if (s->ops.n == 0 && s->parked.n == 0)
-    px__retry_idle(s);
+  s->idle_due = true; /* px__retry_unpark(), then px__retry_idle() */
 }
 
 /* Index of the first op whose seq is >= `seq` (ops.n when none). */
@@ -1293,6 +1305,5 @@ void px__retry_own_ready(px_session *s) {
     c->track.defers_pending--;
   }
   arm_defer_timer(s);
-  if (!px__retry_busy(s))
-    px__retry_idle(s); /* a connection.close that waited for this goes on */
+  s->idle_due = true; /* a connection.close that waited for this goes on */
 }

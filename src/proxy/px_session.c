@@ -79,6 +79,7 @@ static void session_free(px_session *s) {
   free(s->login_vhost);
   px__chans_free(s);
   px__retry_free(s);
+  px_ring_free(&s->relq);
   if (s->conn_held)
     px_chunk_unref(s->conn_hold.chunk);
   px_conn_free(&s->client);
@@ -132,8 +133,8 @@ void px_session_close(px_session *s, px_close_reason reason) {
   uv_close((uv_handle_t *)&s->defer_timer, on_handle_closed);
   px_conn_close(&s->client);
   px_conn_close(&s->upstream);
-  px_pub_close(s->pub);
-  s->pub = NULL;
+  px_pub_close(s->out.pub);
+  s->out.pub = NULL;
   s->pub_ready = false;
   if (s->gai_pending)
     uv_cancel((uv_req_t *)&s->gai);
@@ -293,62 +294,45 @@ static void side_flush(px_conn *side) {
 
 /* Queue bytes of `c` for `side`, taking a reference; contiguous bytes of the
  * same chunk extend the last slice. */
+/* The session's reason for an output failure (px_out.h). */
+static px_close_reason out_reason(px_out_status st) {
+  switch (st) {
+  case PX_OUT_ENCODE:
+    return PX_CR_ENCODE_FAILED;
+  case PX_OUT_FULL:
+    return PX_CR_OUTPUT_FULL;
+  case PX_OUT_RETRY:
+    return PX_CR_RETRY_CONNECTION_WRITE_FAILED;
+  default:
+    return PX_CR_OUT_OF_MEMORY;
+  }
+}
+
+/* The one place output failures end up: a write error a queue call met
+ * goes where the transport's would, any other failure closes. */
+static void check_out(px_session *s) {
+  px_out *o = &s->out;
+  if (o->write_error && s->state != PX_S_CLOSED) {
+    int err = o->write_error;
+    o->write_error = 0;
+    side_write_failed(s, o->write_failed_on, err);
+  }
+  if (o->failed && s->state != PX_S_CLOSED)
+    px_session_close(s, out_reason(o->failed));
+}
+
+/* Queue bytes of `c` for `side`, by reference (held frames). */
 static void side_queue(px_conn *side, px_chunk *c, uint8_t *p, uint32_t len) {
-  int rc = px_conn_queue(side, c, p, len);
-  if (rc == UV_ENOBUFS) /* the slice table is full before connect */
-    px_session_close(side->ctx, PX_CR_OUTPUT_FULL);
-  else if (rc < 0)
-    side_write_failed(side->ctx, side, rc);
+  px_session *s = side->ctx;
+  if (px_out_slice(&s->out, side, c, p, len) != PX_OUT_OK)
+    check_out(s);
 }
 
-static void run_flush(px_session *s) {
-  if (s->run.to && s->run.end > s->run.start)
-    side_queue(s->run.to, s->run.chunk, s->run.chunk->data + s->run.start,
-               s->run.end - s->run.start);
-  s->run.start = s->run.end;
-}
-
-/* Frames for rebound's channel on the separate retry connection. */
-static void pub_emit(px_session *s, const uint8_t *data, size_t len) {
-  if (!s->pub || px_pub_write(s->pub, data, len) != 0)
-    px_session_close(s, PX_CR_RETRY_CONNECTION_WRITE_FAILED);
-}
-
-void px__emit(px_session *s, px_conn *side, const uint8_t *data, size_t len) {
-  if (!side) {
-    pub_emit(s, data, len);
-    return;
-  }
-  if (s->run.to == side)
-    run_flush(s);
-  int rc = px_conn_queue_copy(side, data, len);
-  if (rc == UV_ENOBUFS)
-    px_session_close(s, PX_CR_OUTPUT_FULL);
-  else if (rc < 0)
-    side_write_failed(s, side, rc);
-}
-
-void px__emit_frame(px_session *s, px_conn *side, uint8_t type, uint16_t ch,
-                    const uint8_t *payload, size_t len) {
-  if (side && s->run.to == side)
-    run_flush(s);
-  px_chunk *c = px_chunk_new(len + AMQP_FRAME_OVERHEAD);
-  if (!c) {
-    px_session_close(s, PX_CR_OUT_OF_MEMORY);
-    return;
-  }
-  long n =
-      amqp_frame_write(c->data, c->cap, type, ch, (amqp_bytes){payload, len});
-  if (n > 0 && !side)
-    pub_emit(s, c->data, (size_t)n);
-  else if (n > 0) {
-    c->len = (uint32_t)n;
-    side_queue(side, c, c->data, (uint32_t)n);
-  }
-  px_chunk_unref(c);
-}
+static void after_event(px_session *s);
 
 void px__session_flush(px_session *s) {
+  check_out(s);
+  after_event(s);
   if (s->state != PX_S_CLOSED)
     side_flush(&s->upstream);
   if (s->state != PX_S_CLOSED)
@@ -357,56 +341,105 @@ void px__session_flush(px_session *s) {
     side_pressure(&s->upstream);
 }
 
-void px__emit_method(px_session *s, px_conn *side, uint16_t ch,
-                     const amqp_method *m) {
-  uint8_t buf[1024];
-  long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
-  if (n < 0) {
-    px_error("encode_failed", PX_U("id", s->id),
-             PX_S("method", m->desc ? m->desc->name : "?"),
-             PX_S("error", amqp_status_str((int)n)));
+/* Channels whose held frames are due go in the release queue; the session
+ * drains it after the event that released them (after each frame parsed,
+ * each timer, each event of the retry connection), so a release never
+ * runs inside another channel's frame handler. */
+typedef struct px_release {
+  uint16_t ch;
+  uint32_t gen;
+} px_release;
+
+void px__release_held(px_session *s, px_chan *c) {
+  if (c->release_queued)
+    return;
+  if (px_ring_reserve(&s->relq, sizeof(px_release), UINT16_MAX + 1u) != 0) {
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
     return;
   }
-  px__emit(s, side, buf, (size_t)n);
+  *(px_release *)px_ring_push(&s->relq, sizeof(px_release)) =
+      (px_release){c->client_ch, c->gen};
+  c->release_queued = true;
 }
 
-/* Let a channel's held client frames go, in order. Each goes through the
- * frame handler now (it may start a retry, which holds the rest again);
- * a held channel.open (rebound yielded its number) just gets its number. */
-void px__release_held(px_session *s, px_chan *c) {
-  uint32_t i = 0;
-  c->held = false;
-  c->in_release = true;
-  for (; i < c->nhold && !c->held && s->state != PX_S_CLOSED; i++) {
-    px_slice *h = &c->hold[i];
-    amqp_frame f;
-    px_chan *again = NULL;
-    int act = PX_FORWARD;
-    if (amqp_frame_parse(h->ptr, h->len, 0, &f) != (long)h->len) {
-      act = PX_DROP; /* cannot be: it parsed when it came in */
-    } else if (i == 0 && c->open_held) {
-      c->open_held = false;
-      px__set_channel(h->ptr, c->up_ch);
-    } else {
-      act = px__client_frame(s, &f, h->ptr, &again);
-    }
-    if (act == PX_HOLD)
-      break; /* still in the list, with those after it */
-    if (act == PX_FORWARD)
-      side_queue(&s->upstream, h->chunk, h->ptr, h->len);
-    c->held_bytes -= h->len;
-    s->held_bytes -= h->len;
-    px_chunk_unref(h->chunk);
+/* One held frame, released: what the frame handler makes of it. A held
+ * channel.open (rebound yielded its number) just gets its number. */
+static int release_frame(px_session *s, px_chan *c, px_slice *h) {
+  amqp_frame f;
+  px_chan *again = NULL;
+  if (amqp_frame_parse(h->ptr, h->len, 0, &f) != (long)h->len)
+    return PX_DROP; /* cannot be: it parsed when it came in */
+  if (c->open_held) {
+    c->open_held = false;
+    px__set_channel(h->ptr, c->up_ch);
+    return PX_FORWARD;
   }
-  if (i < c->nhold)
-    memmove(c->hold, c->hold + i, (c->nhold - i) * sizeof *c->hold);
-  c->nhold -= i;
-  c->in_release = false;
-  if (c->release_late)
-    px__chan_release(s, c);
-  side_flush(&s->upstream);
-  if (s->state != PX_S_CLOSED)
-    side_pressure(&s->upstream);
+  return px__client_frame(s, &f, h->ptr, &again);
+}
+
+/* Let a channel's held client frames go, in order, until one is held
+ * again (it started a retry, which holds the rest) or the channel is
+ * gone (a released frame ended it: what it still held was dropped). */
+static void release_one(px_session *s, px_chan *c) {
+  uint16_t ch = c->client_ch;
+  uint32_t gen = c->gen;
+  c->held = false;
+  while (c && !c->held && px_chan_nheld(c) && s->state != PX_S_CLOSED &&
+         !px_out_failed(&s->out)) {
+    px_slice h = px_chan_pop_held(c);
+    s->held_bytes -= h.len;
+    int act = release_frame(s, c, &h);
+    if (act == PX_HOLD) { /* first in the list again */
+      px_chan_unpop_held(c);
+      s->held_bytes += h.len;
+      break;
+    }
+    if (act == PX_FORWARD)
+      side_queue(&s->upstream, h.chunk, h.ptr, h.len);
+    px_chunk_unref(h.chunk);
+    c = px_tab_get(&s->by_client, ch);
+    if (c && c->gen != gen)
+      c = NULL;
+  }
+}
+
+/* Drain the release queue (releases may queue more). */
+static void release_pending(px_session *s) {
+  bool any = false;
+  while (s->relq.n && s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
+    px_release r = *(px_release *)px_ring_at(&s->relq, sizeof r, 0);
+    px_ring_drop(&s->relq, 1);
+    px_chan *c = px_tab_get(&s->by_client, r.ch);
+    if (!c || c->gen != r.gen)
+      continue; /* closed meanwhile: its held frames went with it */
+    c->release_queued = false;
+    release_one(s, c);
+    any = true;
+  }
+  if (any && s->state != PX_S_CLOSED) {
+    side_flush(&s->upstream);
+    if (s->state != PX_S_CLOSED)
+      side_pressure(&s->upstream);
+  }
+}
+
+/* After every event: held frames released; once no copy is in flight,
+ * parked copies go; once nothing is pending any more, what waited for
+ * that (px__retry_idle()). */
+static void after_event(px_session *s) {
+  while (s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
+    release_pending(s);
+    if (s->state == PX_S_CLOSED || !px__retry_unpark(s) || !s->relq.n)
+      break;
+  }
+  if (s->idle_due && !s->conn_held && !s->close_upstream_idle &&
+      !s->client_gone && !s->yield_requested)
+    s->idle_due = false; /* nothing waits for the retries */
+  if (s->state != PX_S_CLOSED && s->idle_due && !px__retry_busy(s)) {
+    s->idle_due = false;
+    px__retry_idle(s);
+  }
+  check_out(s);
 }
 
 void px__drop_held(px_session *s, px_chan *c) {
@@ -459,18 +492,14 @@ void px__close_after_flush(px_session *s, px_conn *side,
 
 void px__emit_close(px_session *s, px_conn *side, uint16_t code,
                     const char *text, uint16_t class_id, uint16_t method_id) {
-  amqp_method m;
   if (side == &s->upstream) { /* its write side stays open until the
                                  broker answers (see await_close_ok()) */
     s->up_close_sent = true;
     px_conn_hold_shutdown(side);
   }
-  amqp_method_init(&m, AMQP_CONNECTION_CLOSE);
-  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = code;
-  m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b = amqp_cstr(text);
-  m.args[AMQP_F_CONNECTION_CLOSE_CLASS_ID].u = class_id;
-  m.args[AMQP_F_CONNECTION_CLOSE_METHOD_ID].u = method_id;
-  px__emit_method(s, side, 0, &m);
+  if (px_out_connection_close(&s->out, side, code, text, class_id, method_id) !=
+      PX_OUT_OK)
+    check_out(s);
 }
 
 void px__tell_client(px_session *s, px_close_reason reason) {
@@ -507,7 +536,11 @@ static int check_client_header(px_session *s, px_chunk *c) {
     c->off = c->len; /* answered once; nothing more is read from it */
     s->proxy_closing = true;
     px__set_state(s, PX_S_CLOSING);
-    px__emit(s, &s->client, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+    if (px_out_bytes(&s->out, &s->client, amqp_protocol_header,
+                     AMQP_PROTOCOL_HEADER_SIZE) != PX_OUT_OK) {
+      check_out(s);
+      return -1;
+    }
     px__close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
     return -1;
   }
@@ -589,10 +622,8 @@ static void process_input(px_session *s, px_conn *from) {
       check_client_header(s, c) <= 0)
     return;
   uint64_t frames = 0;
-  s->run.to = to;
-  s->run.chunk = c;
-  s->run.start = s->run.end = c->off;
-  while (s->state != PX_S_CLOSED) {
+  px_out_run_begin(&s->out, to, c, c->off);
+  while (s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
     amqp_frame f;
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
                               frame_limit(s, from), &f);
@@ -602,9 +633,9 @@ static void process_input(px_session *s, px_conn *from) {
       /* The stream is out of step: drop what is buffered. A peer told
        * to close answers in a later read, parsed afresh; while closing,
        * further garbage is dropped without another log line. */
-      run_flush(s);
+      bool flushed = px_out_run_flush(&s->out, c->len) == PX_OUT_OK;
       c->off = c->len;
-      if (!s->proxy_closing)
+      if (flushed && !s->proxy_closing)
         input_error(s, from, n);
       break;
     }
@@ -615,12 +646,14 @@ static void process_input(px_session *s, px_conn *from) {
               : s->conn_held       ? PX_DROP /* after its connection.close */
                                    : px__client_frame(s, &f, raw, &hold);
     c->off += (uint32_t)n;
-    if (act == PX_FORWARD) {
-      s->run.end = c->off;
+    if (act == PX_FORWARD)
+      px_out_run_extend(&s->out, c->off);
+    if (s->relq.n || s->idle_due) /* what this frame released goes now */
+      after_event(s);
+    if (act == PX_FORWARD)
       continue;
-    }
-    run_flush(s);
-    s->run.start = s->run.end = c->off;
+    if (px_out_run_flush(&s->out, c->off) != PX_OUT_OK)
+      break;
     if (act == PX_HOLD_CONN) {
       px_chunk_ref(c);
       s->conn_hold = (px_slice){c, raw, (uint32_t)n};
@@ -636,10 +669,11 @@ static void process_input(px_session *s, px_conn *from) {
     if (act == PX_STOP)
       break;
   }
-  run_flush(s);
-  s->run.to = NULL;
+  if (px_out_run_end(&s->out) != PX_OUT_OK)
+    check_out(s);
   *(from == &s->client ? &s->srv->stats.frames_c2u
                        : &s->srv->stats.frames_u2c) += frames;
+  check_out(s);
   if (s->state == PX_S_CLOSED)
     return;
   side_flush(to);

@@ -22,6 +22,7 @@
 #include "px_chan.h"
 #include "px_close.h"
 #include "px_conn.h"
+#include "px_out.h"
 #include "px_pub.h"
 #include "px_ring.h"
 
@@ -37,16 +38,6 @@ typedef enum px_state {
                       hangs up or a timer ends it */
   PX_S_CLOSED,     /* handles closing */
 } px_state;
-
-/* rebound's own channel on the upstream connection. */
-typedef enum px_own_state {
-  PX_OWN_NONE,      /* not opened (handshake, or reopening failed) */
-  PX_OWN_OPENING,   /* channel.open sent */
-  PX_OWN_SELECTING, /* confirm.select sent */
-  PX_OWN_READY,
-  PX_OWN_CLOSING, /* channel.close sent: yielding its number */
-  PX_OWN_YIELDED, /* closed; every number is the client's */
-} px_own_state;
 
 typedef struct px_session {
   struct px_server *srv;
@@ -80,13 +71,12 @@ typedef struct px_session {
   uint32_t chan_gen;
 
   uint16_t own_ch;
-  uint8_t own_state;      /* px_own_state */
+  uint8_t own_state;      /* px_own_state (px_own.h) */
   uint8_t own_failures;   /* closes of rebound's channel since a copy was
                              last confirmed: the reopen backoff */
   bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
   /* retry_connection separate (px_pub.h): rebound's channel on a
    * connection of its own, logged in as the client */
-  px_pub *pub;
   bool own_on_pub;  /* rebound's channel is (or is being) opened on pub */
   bool pub_ready;   /* pub is logged in */
   bool pub_failed;  /* logging in there failed: on the client's from now */
@@ -132,19 +122,17 @@ typedef struct px_session {
     uint32_t gen;
   } own_waiters[16];
   unsigned n_own_waiters;
-  bool conn_held;           /* the client's connection.close waits ... */
-  px_slice conn_hold;       /* ... for the copies in flight */
+  px_ring relq;       /* px_release: channels whose held frames are due */
+  bool idle_due;      /* copies finished, or rebound's channel closed: once
+                         nothing is pending, px__retry_idle() runs */
+  bool conn_held;     /* the client's connection.close waits ... */
+  px_slice conn_hold; /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */
   bool up_close_sent;       /* rebound sent the broker connection.close */
   bool up_close_answered;   /* ... and its close-ok (or close) came: the
                                broker has handled every frame before it */
 
-  /* the forwardable run of frames being parsed (see px_session.c) */
-  struct {
-    px_conn *to;
-    px_chunk *chunk;
-    uint32_t start, end;
-  } run;
+  px_out out; /* forwarded and generated frames, in order (px_out.h) */
 } px_session;
 
 /* Accept a client from `listener` into a new session and start connecting

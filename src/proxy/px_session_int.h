@@ -40,16 +40,11 @@ int px__client_error(px_session *s, uint16_t code, const char *detail,
  * connection.close 541. Returns PX_STOP. */
 int px__upstream_error(px_session *s, const char *what);
 
-/* Queue a frame rebound generates for `side`, after everything already
- * queued or being parsed for it. */
-void px__emit(px_session *s, px_conn *side, const uint8_t *data, size_t len);
-/* Encode and queue one method frame. */
-void px__emit_method(px_session *s, px_conn *side, uint16_t ch,
-                     const amqp_method *m);
 /* Send on the client's connection.close held by PX_HOLD_CONN. */
 void px__release_conn_hold(px_session *s);
 
-/* Queue held frames of a channel for upstream (they keep their order). */
+/* A channel's held frames may go: it joins the release queue, drained by
+ * the session once the current event is handled (px_session.c). */
 void px__release_held(px_session *s, px_chan *c);
 /* Drop a channel's held frames (the channel is gone). */
 void px__drop_held(px_session *s, px_chan *c);
@@ -79,11 +74,6 @@ void px__set_state(px_session *s, px_state state);
 
 /* The connection is open: stop the handshake timer. */
 void px__handshake_done(px_session *s);
-
-/* Encode a frame of `type` with this payload straight into a chunk and
- * queue it for `side`. */
-void px__emit_frame(px_session *s, px_conn *side, uint8_t type, uint16_t ch,
-                    const uint8_t *payload, size_t len);
 
 /* px_track.c: consumers, requests, deliveries (px_track.h). */
 void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m);
@@ -154,6 +144,9 @@ int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
  * parked, or requeues waiting for rebound's channel, which is being
  * opened, to start theirs. */
 bool px__retry_busy(const px_session *s);
+/* No copy is in flight: the parked ones go (px_retry.c). false when there
+ * was nothing to send. */
+bool px__retry_unpark(px_session *s);
 /* No copy is in flight any more (px_frames.c / px_session.c react: a
  * pending yield of rebound's channel, a client that already left). */
 void px__retry_idle(px_session *s);

@@ -294,13 +294,16 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
                                             direct):
     """An operator policy makes the tier queue refuse publishes
     (max-length 0, overflow reject-publish): the broker nacks rebound's
-    copy, so rebound falls back -- the delivery is requeued by the broker
-    once the tier delay has passed (never at once: that would be a hot
-    loop), logged retry_fallback "nacked by the broker" -- and nothing is
-    lost; the client's channel is fine. Classic tiers: the operator policy
-    is one RabbitMQ applies to them at once."""
+    copy. rebound publishes it again after the tier delay (logged
+    retry_copy_refused) while the first refusal is less than the confirm
+    timeout (here 1.1 s) ago; then it falls back -- the delivery is
+    requeued by the broker once the tier delay has passed (never at once:
+    that would be a hot loop), logged retry_fallback "nacked by the
+    broker" -- and nothing is lost; the client's channel is fine. Classic
+    tiers: the operator policy is one RabbitMQ applies to them at once."""
     rb = rebound_factory("--retry-tiers", "300ms", "--max-attempts", "3",
-                         "--retry-queue-type", "classic")
+                         "--retry-queue-type", "classic",
+                         "--retry-confirm-timeout", "1100ms")
     q = direct.own(rbtest.uniq("refuse"))
     policy = "rbt-refuse-" + q
     direct.ch.queue_declare(q, durable=True)
@@ -323,12 +326,17 @@ def test_broker_nack_of_the_copy_falls_back(rebound_factory, broker, ctl,
         ch.basic_qos(prefetch_count=1)
         ch.basic_consume(q, on_message)
         direct.publish(q, b"m")
-        pump(conn, lambda: len(seen) == 3, 10,
+        pump(conn, lambda: len(seen) == 3, 15,
              lambda: "3 deliveries (seen %r)" % seen)
         assert [s[1:] for s in seen] == [(False, None), (True, None),
                                          (True, None)], seen
+        # refused at 0, 0.3, 0.6 and 0.9 s (each published again), at
+        # 1.2 s the refusals are older than the confirm timeout: the
+        # requeue, after the tier delay
         check_gaps([seen[1][0] - seen[0][0], seen[2][0] - seen[1][0]],
-                   [0.3, 0.3])
+                   [1.5, 1.5])
+        refusals = rb.log_lines("retry_copy_refused")
+        assert len(refusals) >= 6, refusals
         fbs = rb.log_lines("retry_fallback")
         assert len(fbs) == 2, fbs
         assert all(f["target"] == tier(q, "300ms") and

@@ -1,0 +1,336 @@
+/* px_own.c - rebound's own channel, where copies are published
+ * (px_own.h): opened on the separate retry connection (px_pub.h) or on
+ * the client's upstream connection, confirm mode, reopened with a backoff
+ * when the broker closes it, and given up to a client that needs its
+ * number. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_own.h"
+#include "px_session_int.h"
+
+/* rebound's channel reopens at once after its first close, then after
+ * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
+ * until a copy is confirmed again. */
+#define PX_OWN_BACKOFF_MS 500
+#define PX_OWN_BACKOFF_MAX_MS 30000
+
+const char *px_own_state_name(int state) {
+  switch (state) {
+#define PX__OWN_NAME(id, name)                                                 \
+  case PX_OWN_##id:                                                            \
+    return name;
+    PX_OWN_STATES(PX__OWN_NAME)
+#undef PX__OWN_NAME
+  }
+  return "?";
+}
+
+/* Every change of state goes through here, and is logged. */
+static void own_set(px_session *s, px_own_state to) {
+  if (s->own_state == to)
+    return;
+  px_debug("own_channel_state", PX_U("id", s->id), PX_U("channel", s->own_ch),
+           PX_S("connection", s->own_on_pub ? "retry" : "client's"),
+           PX_S("from", px_own_state_name(s->own_state)),
+           PX_S("to", px_own_state_name(to)));
+  s->own_state = (uint8_t)to;
+}
+
+bool px_own_active(const px_session *s) {
+  return s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
+         s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING;
+}
+
+/* Is rebound's channel on the client's upstream connection (a number
+ * there is taken)? */
+bool px_own_on_main(const px_session *s) {
+  return px_own_active(s) && !s->own_on_pub;
+}
+
+/* ---- rebound's own channel ---------------------------------------------- */
+
+static void release_own_waiters(px_session *s);
+
+static void pub_open(px_session *s);
+
+/* Open rebound's channel: on the separate retry connection (connecting
+ * it first), or on the client's connection on a number the client has
+ * not opened. */
+void px_own_open(px_session *s) {
+  amqp_method m;
+  uint16_t n = 0;
+  s->own_seq = 0; /* confirm.select numbers publishes from 1 */
+  if (!s->srv->cfg->retry_shared && !s->pub_failed) {
+    s->own_on_pub = true;
+    s->own_ch = 1;
+    own_set(s, PX_OWN_OPENING);
+    if (!s->out.pub) {
+      pub_open(s); /* channel.open once it is logged in */
+      return;
+    }
+    if (s->pub_ready) {
+      amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+      if (px_out_method(&s->out, NULL, 1, &m) != PX_OUT_OK)
+        return; /* the session closes over it */
+    }
+    return;
+  }
+  s->own_on_pub = false;
+  for (uint32_t k = s->channel_max; k >= 1 && !n; k--)
+    if (!px_tab_get(&s->by_up, (uint16_t)k) &&
+        !px_tab_get(&s->by_client, (uint16_t)k))
+      n = (uint16_t)k;
+  if (!n) {
+    own_set(s, PX_OWN_YIELDED);
+    s->own_ch = 0;
+    return;
+  }
+  s->own_ch = n;
+  own_set(s, PX_OWN_OPENING);
+  amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+  if (px_out_method(&s->out, &s->upstream, n, &m) != PX_OUT_OK)
+    return; /* the session closes over it */
+}
+
+void px__own_want(px_session *s) {
+  if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms &&
+      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone)
+    px_own_open(s);
+}
+
+void px_own_yield_now(px_session *s) {
+  if (px_out_channel_close(&s->out, &s->upstream, s->own_ch, AMQP_REPLY_SUCCESS,
+                           "rebound yields this channel") != PX_OUT_OK)
+    return; /* the session closes over it */
+  own_set(s, PX_OWN_CLOSING);
+  s->yield_requested = false;
+}
+
+/* rebound's channel is gone: its number goes to the waiting client
+ * channel, whose held frames are released. */
+static void own_handover(px_session *s) {
+  uint16_t n = s->own_ch;
+  px_chan *c = px_tab_get(&s->by_client, s->yield_waiter);
+  own_set(s, PX_OWN_YIELDED);
+  s->own_ch = 0;
+  s->yield_waiter = 0;
+  s->srv->stats.own_channel_yields++;
+  release_own_waiters(s); /* no channel of rebound's: requeues pass */
+  px_info("own_channel_yielded", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", n), PX_S("state", px_own_state_name(s->own_state)),
+          PX_S("reason", "client opened every channel"));
+  if (!c)
+    return;
+  c->up_ch = n;
+  px_tab_set(&s->by_up, n, c);
+  px__release_held(s, c);
+}
+
+/* Requeues that waited for rebound's channel go through the handler again
+ * (retried now, or passed through if the channel could not reopen). */
+static void release_own_waiters(px_session *s) {
+  unsigned n = s->n_own_waiters;
+  s->n_own_waiters = 0;
+  for (unsigned i = 0; i < n; i++) {
+    px_chan *c = px_tab_get(&s->by_client, s->own_waiters[i].ch);
+    if (c && c->gen == s->own_waiters[i].gen && c->held &&
+        !c->track.retries_pending && !c->track.defers_pending)
+      px__release_held(s, c);
+  }
+}
+
+/* How long until rebound's channel reopens after its latest close. */
+static uint32_t own_backoff_ms(px_session *s) {
+  if (s->own_failures < UINT8_MAX)
+    s->own_failures++;
+  if (s->own_failures <= 1)
+    return 0;
+  uint32_t ms = PX_OWN_BACKOFF_MS;
+  for (unsigned i = 2; i < s->own_failures && ms < PX_OWN_BACKOFF_MAX_MS; i++)
+    ms *= 2;
+  return ms < PX_OWN_BACKOFF_MAX_MS ? ms : PX_OWN_BACKOFF_MAX_MS;
+}
+
+void px__own_reopen(px_session *s) {
+  if (s->own_state == PX_OWN_NONE && s->state == PX_S_OPEN &&
+      !s->proxy_closing && !s->client_gone)
+    px_own_open(s);
+}
+
+/* The broker closed rebound's channel (a refused declare, a queue whose
+ * home node is down, ...): copies in flight fall back, and the channel
+ * reopens, at once when the close only showed a queue's type, else after
+ * the backoff. Never given up: requeues wait meanwhile. */
+static void own_closed(px_session *s, const amqp_method *close) {
+  amqp_bytes text = close->args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
+  uint16_t code = (uint16_t)close->args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u;
+  amqp_method m;
+  bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
+  const char *was = px_own_state_name(s->own_state);
+  own_set(s, PX_OWN_NONE); /* no new copies while they fall back */
+  bool adapted = px__retry_own_lost(s, code, text);
+  uint32_t delay = adapted ? 0 : own_backoff_ms(s);
+  s->srv->stats.own_channel_errors++;
+  px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", s->own_ch), PX_S("state", was), PX_U("code", code),
+          PX_B("text", text.ptr, text.len), PX_U("reopen_ms", delay));
+  amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
+  if (px_out_method(&s->out, px__own_side(s), s->own_ch, &m) != PX_OUT_OK)
+    return; /* the session closes over it */
+  if (yielding) {
+    own_handover(s);
+    return;
+  }
+  own_set(s, PX_OWN_NONE);
+  if (delay == 0) {
+    px_own_open(s);
+    return;
+  }
+  px__retry_reopen_at(s, uv_now(s->srv->loop) + delay);
+  release_own_waiters(s); /* their requeues wait for it, up to a delay */
+  s->idle_due = true;     /* px__retry_idle() once nothing is pending */
+}
+
+int px_own_frame(px_session *s, const amqp_frame *f) {
+  amqp_method m;
+  if (f->type != AMQP_FRAME_METHOD)
+    return PX_DROP; /* content of a basic.return to rebound */
+  int rc = amqp_method_decode(f->payload, &m);
+  if (rc != AMQP_OK) {
+    px_warn("own_channel_bad_frame", PX_U("id", s->id),
+            PX_S("error", amqp_status_str(rc)));
+    return PX_DROP;
+  }
+  switch (m.id) {
+  case AMQP_CHANNEL_OPEN_OK:
+    own_set(s, PX_OWN_SELECTING);
+    amqp_method_init(&m, AMQP_CONFIRM_SELECT);
+    if (px_out_method(&s->out, px__own_side(s), s->own_ch, &m) != PX_OUT_OK)
+      return PX_STOP; /* the session closes over it */
+    break;
+  case AMQP_CONFIRM_SELECT_OK:
+    own_set(s, PX_OWN_READY);
+    px_debug("own_channel_ready", PX_U("id", s->id), PX_U("channel", s->own_ch),
+             PX_S("state", px_own_state_name(s->own_state)));
+    release_own_waiters(s);
+    px__retry_own_ready(s);
+    if (s->yield_requested && s->ops.n == 0)
+      px_own_yield_now(s);
+    break;
+  case AMQP_BASIC_ACK:
+    px__retry_confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
+                      m.args[AMQP_F_BASIC_ACK_MULTIPLE].u, true);
+    break;
+  case AMQP_BASIC_NACK:
+    px__retry_confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
+                      m.args[AMQP_F_BASIC_NACK_MULTIPLE].u, false);
+    break;
+  case AMQP_BASIC_RETURN:
+    px__retry_returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
+    break;
+  case AMQP_CHANNEL_CLOSE:
+    own_closed(s, &m);
+    break;
+  case AMQP_CHANNEL_CLOSE_OK:
+    own_handover(s);
+    break;
+  default:
+    break; /* confirms and returns for rebound's publishes */
+  }
+  return PX_DROP;
+}
+
+/* ---- the separate retry connection (px_pub.h) -------------------------
+ */
+
+static void pub_ready(void *ctx) {
+  px_session *s = ctx;
+  s->pub_ready = true;
+  s->srv->stats.retry_connections_total++;
+  px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("upstream", s->upstream_addr),
+           PX_S("state", px_own_state_name(s->own_state)));
+  if (s->own_state == PX_OWN_OPENING && s->own_on_pub) {
+    amqp_method m;
+    amqp_method_init(&m, AMQP_CHANNEL_OPEN);
+    if (px_out_method(&s->out, NULL, 1, &m) != PX_OUT_OK) {
+      px__session_flush(s); /* closes over the failure */
+      return;
+    }
+  }
+  px__session_flush(s);
+}
+
+static void pub_frame(void *ctx, const amqp_frame *f) {
+  px_session *s = ctx;
+  if (s->own_on_pub && f->channel == s->own_ch && px_own_active(s))
+    px_own_frame(s, f);
+  px__session_flush(s);
+}
+
+static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
+  px_session *s = ctx;
+  px__retry_blocked(s, blocked, reason, "retry connection");
+  px__session_flush(s);
+}
+
+/* The retry connection failed or was closed. Never logged in: rebound's
+ * channel goes on the client's connection. Lost later: it is opened again
+ * after the backoff; copies in flight fall back meanwhile. */
+static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
+  px_session *s = ctx;
+  bool was_ready = s->pub_ready;
+  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
+  const char *was = px_own_state_name(s->own_state);
+  px_pub_close(s->out.pub);
+  s->out.pub = NULL;
+  s->pub_ready = false;
+  own_set(s, PX_OWN_NONE); /* before anything may publish again */
+  if (own)
+    px__retry_own_lost(s, 0, text);
+  px__retry_blocked(s, false, amqp_cstr(""), "retry connection");
+  if (!was_ready) {
+    s->pub_failed = true;
+    s->srv->stats.retry_connection_failures++;
+  }
+  px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("upstream", s->upstream_addr), PX_S("error", why),
+          PX_S("state", was), PX_B("text", text.ptr, text.len),
+          PX_S("action", was_ready ? "reconnect after a backoff"
+                                   : "copies go on the client's connection"));
+  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
+    if (!was_ready)
+      px_own_open(s);
+    else
+      px__retry_reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
+  }
+  release_own_waiters(s);
+  s->idle_due = true; /* px__retry_idle() once nothing is pending */
+  px__session_flush(s);
+}
+
+static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,
+                                         pub_lost};
+
+static void pub_open(px_session *s) {
+  s->login.frame_max = s->frame_max;
+  s->login.timeout_ms = s->srv->cfg->handshake_timeout_ms;
+  s->login.peer = s->peer;
+  s->pub_ready = false;
+  s->out.pub = s->login_auth ? px_pub_open(s->srv->loop,
+                                           (struct sockaddr *)&s->upstream_sa,
+                                           &s->login, &pub_events, s)
+                             : NULL;
+  if (s->out.pub)
+    return;
+  s->pub_failed = true;
+  s->srv->stats.retry_connection_failures++;
+  px_warn("retry_connection_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("upstream", s->upstream_addr),
+          PX_S("error", s->login_auth ? "cannot be set up"
+                                      : "the client's login was not kept"),
+          PX_S("action", "copies go on the client's connection"));
+  px_own_open(s);
+}
