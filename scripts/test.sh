@@ -49,7 +49,8 @@ if [ "$fuzz_seconds" != 0 ]; then
     -DREBOUND_SANITIZE=ON -DREBOUND_FUZZ=ON -DREBOUND_BENCH=OFF \
     -DREBOUND_FUZZ_SECONDS="$fuzz_seconds" >/dev/null
   cmake --build "$build/fuzz" -j "$jobs" \
-    --target fuzz_frame fuzz_method fuzz_table fuzz_props fuzz_config
+    --target fuzz_frame fuzz_method fuzz_table fuzz_props fuzz_config \
+    fuzz_session
   ctest --test-dir "$build/fuzz" --output-on-failure -j "$jobs" -R '^fuzz_' ||
     status=1
 fi
