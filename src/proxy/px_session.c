@@ -38,12 +38,6 @@
 #define PX_PRETUNE_FRAME_MAX 131072
 /* Frames from the broker are accepted up to this (see frame_limit()). */
 #define PX_UPSTREAM_FRAME_MAX (4u * 1024 * 1024)
-/* How long to wait for close-ok (or a flush, or a lingering peer's EOF)
- * before closing anyway. */
-#define PX_CLOSE_WAIT_MS 2000
-/* After close-ok, how long the client has to hang up (the broker's own
- * wait). */
-#define PX_FINISH_WAIT_MS 30000
 
 static void upstream_try_next(px_session *s);
 
@@ -106,6 +100,48 @@ static void on_conn_closed(void *ctx, px_conn *c) {
     session_free(s);
 }
 
+/* ---- the close phase: where a session is in ending, and its timer ----- */
+
+static void on_phase_timeout(uv_timer_t *t);
+
+const char *px_close_phase_name(int phase) {
+  switch (phase) {
+#define PX__PHASE_NAME(id, name, wait)                                         \
+  case PX_PHASE_##id:                                                          \
+    return name;
+    PX_CLOSE_PHASES(PX__PHASE_NAME)
+#undef PX__PHASE_NAME
+  }
+  return "?";
+}
+
+/* How long a phase may last (0: no limit of its own). */
+static uint64_t phase_wait_ms(const px_session *s, px_close_phase phase) {
+  const px_config *cfg = s->srv->cfg;
+  switch (phase) {
+#define PX__PHASE_WAIT(id, name, wait)                                         \
+  case PX_PHASE_##id:                                                          \
+    return (uint64_t)(wait);
+    PX_CLOSE_PHASES(PX__PHASE_WAIT)
+#undef PX__PHASE_WAIT
+  }
+  (void)cfg;
+  return 0;
+}
+
+/* The one place a session changes phase: logged, and the session's timer
+ * set to the new phase's limit (each phase replaces the last one's). */
+static void phase_enter(px_session *s, px_close_phase to) {
+  px_debug("session_close_phase", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("from", px_close_phase_name(s->phase)),
+           PX_S("to", px_close_phase_name(to)));
+  s->phase = (uint8_t)to;
+  uv_timer_stop(&s->timer);
+  uint64_t ms = phase_wait_ms(s, to);
+  if (ms && to != PX_PHASE_CLOSED)
+    uv_timer_start(&s->timer, on_phase_timeout, ms, 0);
+}
+
 /* The first reason that applies is the one logged and counted. */
 static void note_reason(px_session *s, px_close_reason reason) {
   if (!s->close_reason)
@@ -125,7 +161,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
           PX_S("reason", px_close_text(s->close_reason)));
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
   px__set_state(s, PX_S_CLOSED);
-  uv_timer_stop(&s->timer);
+  phase_enter(s, PX_PHASE_CLOSED);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
   uv_timer_stop(&s->retry_timer);
   uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
@@ -149,13 +185,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
   s->prev = s->next = NULL;
 }
 
-static void on_close_wait_timeout(uv_timer_t *t) {
-  px_session *s = t->data;
-  px_session_close(s, PX_CR_CLOSE_TIMEOUT);
-}
-
-static void on_retries_timeout(uv_timer_t *t) {
-  px_session *s = t->data;
+static void on_retries_timeout(px_session *s) {
   /* replaces the reason client_gone_finish() gave: this one says more */
   s->close_reason = s->client_write_failed
                         ? PX_CR_CLIENT_WRITE_FAILED_RETRIES_TIMEOUT
@@ -190,15 +220,8 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
           PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
   s->close_reason =
       write_failed ? PX_CR_CLIENT_WRITE_FAILED : PX_CR_CLIENT_DISCONNECTED;
-  uv_timer_stop(&s->timer);
-  uv_timer_start(&s->timer, on_retries_timeout,
-                 s->srv->cfg->retry_finish_timeout_ms, 0);
+  phase_enter(s, PX_PHASE_CLIENT_GONE);
   return true;
-}
-
-static void arm_close_timer(px_session *s) {
-  uv_timer_stop(&s->timer);
-  uv_timer_start(&s->timer, on_close_wait_timeout, PX_CLOSE_WAIT_MS, 0);
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -210,8 +233,7 @@ static void side_resume(px_session *s, px_conn *side);
  * must be made): stop writing, keep reading until the read reports the end
  * (side_eof then finishes the copies in flight), for at most
  * PX_CLOSE_WAIT_MS. */
-static void on_client_dead_timeout(uv_timer_t *t) {
-  px_session *s = t->data;
+static void on_client_dead_timeout(px_session *s) {
   if (!client_gone_finish(s, true))
     px_session_close(s, PX_CR_CLIENT_WRITE_FAILED);
 }
@@ -222,8 +244,7 @@ static void client_write_failed(px_session *s, int err) {
   px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
   note_reason(s, PX_CR_CLIENT_WRITE_FAILED);
-  uv_timer_stop(&s->timer);
-  uv_timer_start(&s->timer, on_client_dead_timeout, PX_CLOSE_WAIT_MS, 0);
+  phase_enter(s, PX_PHASE_CLIENT_DEAD);
   px_conn_resume(&s->client);
 }
 
@@ -452,8 +473,7 @@ void px__drop_held(px_session *s, px_chan *c) {
 void px__finishing(px_session *s, px_close_reason reason) {
   note_reason(s, reason);
   px__set_state(s, PX_S_FINISHING);
-  uv_timer_stop(&s->timer);
-  uv_timer_start(&s->timer, on_close_wait_timeout, PX_FINISH_WAIT_MS, 0);
+  phase_enter(s, PX_PHASE_FINISHING);
 }
 
 /* End the session through `side`: stop reading the other side, flush
@@ -464,7 +484,7 @@ void px__finishing(px_session *s, px_close_reason reason) {
  * draining first lets the peer read everything. */
 static void side_linger(px_session *s, px_conn *side) {
   px_conn_stop_reading(other_side(s, side));
-  arm_close_timer(s);
+  phase_enter(s, PX_PHASE_LINGER);
   int rc = px_conn_linger(side);
   if (rc < 0)
     side_write_failed(s, side, rc);
@@ -518,7 +538,7 @@ void px__close_client(px_session *s, uint16_t code, const char *text,
   px__emit_close(s, &s->client, code, text, class_id, method_id);
   side_flush(&s->client);
   px__set_state(s, PX_S_CLOSING);
-  arm_close_timer(s);
+  phase_enter(s, PX_PHASE_TELLING_CLIENT);
 }
 
 /* Answer a bad protocol header as the spec says: with ours, then close. */
@@ -871,12 +891,35 @@ static void upstream_try_next(px_session *s) {
 
 /* ---- accept ------------------------------------------------------------- */
 
-static void on_handshake_timeout(uv_timer_t *t) {
-  px_session *s = t->data;
+static void on_handshake_timeout(px_session *s) {
   px_warn("handshake_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("state", px_state_name(s->state)),
           PX_U("timeout_ms", s->srv->cfg->handshake_timeout_ms));
   px_session_close(s, PX_CR_HANDSHAKE_TIMEOUT);
+}
+
+/* A phase's time is up. */
+static void on_phase_timeout(uv_timer_t *t) {
+  px_session *s = t->data;
+  switch ((px_close_phase)s->phase) {
+  case PX_PHASE_HANDSHAKE:
+    on_handshake_timeout(s);
+    break;
+  case PX_PHASE_CLIENT_DEAD:
+    on_client_dead_timeout(s);
+    break;
+  case PX_PHASE_CLIENT_GONE:
+    on_retries_timeout(s);
+    break;
+  case PX_PHASE_TELLING_CLIENT:
+  case PX_PHASE_FINISHING:
+  case PX_PHASE_LINGER:
+    px_session_close(s, PX_CR_CLOSE_TIMEOUT);
+    break;
+  case PX_PHASE_OPEN:
+  case PX_PHASE_CLOSED:
+    break;
+  }
 }
 
 static const px_conn_events conn_events = {
@@ -918,8 +961,7 @@ static void session_start(px_session *s) {
   srv->stats.sessions_current++;
   px_debug("session_accept", PX_U("id", s->id), PX_S("peer", s->peer));
 
-  uv_timer_start(&s->timer, on_handshake_timeout,
-                 srv->cfg->handshake_timeout_ms, 0);
+  phase_enter(s, PX_PHASE_HANDSHAKE);
   px_conn_read(&s->client);
   upstream_try_next(s);
 }
@@ -996,5 +1038,5 @@ uint64_t px_session_id(const px_session *s) {
 }
 
 void px__handshake_done(px_session *s) {
-  uv_timer_stop(&s->timer);
+  phase_enter(s, PX_PHASE_OPEN);
 }

@@ -28,6 +28,48 @@
 
 struct px_server;
 
+/* Where a session is in ending (px_session.c: phase_enter() is the one
+ * transition, logged as session_close_phase): X(id, name, how long it may
+ * last, ms, 0 for no limit). Each phase replaces the last one's limit.
+ *
+ *   handshake -> open                      connection.open-ok
+ *   open -> telling-client                 rebound sent the client
+ *                                          connection.close (error,
+ *                                          shutdown, broker lost)
+ *   open|telling-client -> finishing       a close-ok passed
+ *   any -> client-dead                     a write to the client failed:
+ *                                          read what it sent until its EOF
+ *   any -> client-gone                     it left with copies in flight:
+ *                                          they are finished first
+ *   any -> linger                          ending through one side: its
+ *                                          output flushed, write side shut
+ *                                          down, its EOF awaited
+ *   any -> closed */
+#define PX_CLOSE_PHASES(X)                                                     \
+  X(HANDSHAKE, "handshake", s->srv->cfg->handshake_timeout_ms)                 \
+  X(OPEN, "open", 0)                                                           \
+  X(TELLING_CLIENT, "telling-client", PX_CLOSE_WAIT_MS)                        \
+  X(FINISHING, "finishing", PX_FINISH_WAIT_MS)                                 \
+  X(CLIENT_DEAD, "client-dead", PX_CLOSE_WAIT_MS)                              \
+  X(CLIENT_GONE, "client-gone", cfg->retry_finish_timeout_ms)                  \
+  X(LINGER, "linger", PX_CLOSE_WAIT_MS)                                        \
+  X(CLOSED, "closed", 0)
+
+typedef enum px_close_phase {
+#define PX__PHASE_ENUM(id, name, wait) PX_PHASE_##id,
+  PX_CLOSE_PHASES(PX__PHASE_ENUM)
+#undef PX__PHASE_ENUM
+} px_close_phase;
+
+const char *px_close_phase_name(int phase);
+
+/* How long to wait for close-ok (or a flush, or a lingering peer's EOF)
+ * before closing anyway. */
+#define PX_CLOSE_WAIT_MS 2000
+/* After close-ok, how long the client has to hang up (the broker's own
+ * wait). */
+#define PX_FINISH_WAIT_MS 30000
+
 typedef enum px_state {
   PX_S_CONNECTING, /* client accepted, upstream connect in progress */
   PX_S_HANDSHAKE,  /* protocol header passed on; start/tune/open running */
@@ -44,6 +86,7 @@ typedef struct px_session {
   struct px_session *prev, *next;
   uint64_t id;
   px_state state;
+  uint8_t phase; /* px_close_phase */
   px_conn client, upstream;
   uv_timer_t timer;       /* handshake, then close-ok wait */
   uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
