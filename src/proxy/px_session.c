@@ -624,6 +624,26 @@ static void await_close_ok(px_session *s, px_chunk *c) {
   }
 }
 
+/* A frame the handler holds: the client's connection.close until the
+ * copies in flight are done, or a frame of a held channel. 0, or -1 when
+ * out of memory (the session closes). */
+static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
+                      uint32_t n, px_chan *hold) {
+  if (act == PX_HOLD_CONN) {
+    px_chunk_ref(c);
+    s->conn_hold = (px_slice){c, raw, n};
+    s->conn_held = true;
+  } else if (act == PX_HOLD) {
+    px_chunk_ref(c);
+    if (px_chan_hold(hold, (px_slice){c, raw, n}) != 0) {
+      px_session_close(s, PX_CR_OUT_OF_MEMORY);
+      return -1;
+    }
+    s->held_bytes += n;
+  }
+  return 0;
+}
+
 static void process_input(px_session *s, px_conn *from) {
   px_chunk *c = from->in;
   px_conn *to = other_side(s, from);
@@ -643,7 +663,7 @@ static void process_input(px_session *s, px_conn *from) {
     return;
   uint64_t frames = 0;
   px_out_run_begin(&s->out, to, c, c->off);
-  while (s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
+  while (s->state != PX_S_CLOSED) {
     amqp_frame f;
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
                               frame_limit(s, from), &f);
@@ -666,33 +686,24 @@ static void process_input(px_session *s, px_conn *from) {
               : s->conn_held       ? PX_DROP /* after its connection.close */
                                    : px__client_frame(s, &f, raw, &hold);
     c->off += (uint32_t)n;
-    if (act == PX_FORWARD)
+    if (act == PX_FORWARD) { /* the common case: the run grows */
       px_out_run_extend(&s->out, c->off);
+      continue;
+    }
+    if (px_out_run_flush(&s->out, c->off) != PX_OUT_OK ||
+        keep_frame(s, act, c, raw, (uint32_t)n, hold) != 0 || act == PX_STOP)
+      break;
     if (s->relq.n || s->idle_due) /* what this frame released goes now */
       after_event(s);
-    if (act == PX_FORWARD)
-      continue;
-    if (px_out_run_flush(&s->out, c->off) != PX_OUT_OK)
-      break;
-    if (act == PX_HOLD_CONN) {
-      px_chunk_ref(c);
-      s->conn_hold = (px_slice){c, raw, (uint32_t)n};
-      s->conn_held = true;
-    }
-    if (act == PX_HOLD) {
-      px_chunk_ref(c);
-      if (px_chan_hold(hold, (px_slice){c, raw, (uint32_t)n}) != 0)
-        px_session_close(s, PX_CR_OUT_OF_MEMORY);
-      else
-        s->held_bytes += (uint32_t)n;
-    }
-    if (act == PX_STOP)
+    if (px_out_failed(&s->out))
       break;
   }
   if (px_out_run_end(&s->out) != PX_OUT_OK)
     check_out(s);
   *(from == &s->client ? &s->srv->stats.frames_c2u
                        : &s->srv->stats.frames_u2c) += frames;
+  if (s->relq.n || s->idle_due) /* released by a forwarded frame */
+    after_event(s);
   check_out(s);
   if (s->state == PX_S_CLOSED)
     return;
