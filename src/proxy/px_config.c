@@ -271,14 +271,14 @@ int px_config_set(px_config *cfg, const char *flag, const char *value) {
   return set_option(cfg, i, value) == 0 ? 0 : -1;
 }
 
-const char *px__config_flag_for_key(const char *key) {
+static const char *flag_for_key(const char *key) {
   for (int i = 0; i < N_OPTIONS; i++)
     if (options[i].key && strcmp(options[i].key, key) == 0)
       return options[i].flag;
   return NULL;
 }
 
-const char *px__config_expected(const char *flag) {
+static const char *expected(const char *flag) {
   int i = find_flag(flag, strlen(flag));
   return i < 0 ? "" : options[i].expect;
 }
@@ -326,7 +326,9 @@ static px_config_result load_layers(px_config *cfg, int argc, char **argv,
                                     const char *(*env)(const char *), char *err,
                                     size_t errlen) {
   const char *path = find_config_path(argc, argv, env);
-  if (path && px_config_read_file(cfg, path, err, errlen) != 0)
+  static const px_config_keys keys = {px_config_set, flag_for_key, expected,
+                                      px_parse_tiers, px_parse_globs};
+  if (path && px_config_read_file(cfg, &keys, path, err, errlen) != 0)
     return PX_CONFIG_ERROR;
   for (int i = 0; env && i < N_OPTIONS; i++) {
     const char *v = env(options[i].env);

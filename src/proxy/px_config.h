@@ -134,16 +134,23 @@ void px_config_usage(void *file);
  * loader too. */
 int px_config_set(px_config *cfg, const char *flag, const char *value);
 
+/* How the file reader reaches the options (px_config.c gives it): set
+ * one (as px_config_set()), parse a rule's tiers and globs, the flag of the
+ * option whose file key is `key` (NULL: none), and what a value of the option
+ * with `flag` looks like, for error messages ("a duration like 500ms, 10s, 2m,
+ * 1h"). */
+typedef struct px_config_keys {
+  int (*set)(px_config *cfg, const char *flag, const char *value);
+  const char *(*flag_for_key)(const char *key);
+  const char *(*expected)(const char *flag);
+  int (*parse_tiers)(const char *v, retry_rule *r); /* px_parse_tiers() */
+  int (*parse_globs)(const char *v, retry_rule *r); /* px_parse_globs() */
+} px_config_keys;
+
 /* Read a YAML config file into `cfg` (over what it holds). Returns 0, or -1
  * with "FILE:LINE: reason" in `err`. (px_config_file.c) */
-int px_config_read_file(px_config *cfg, const char *path, char *err,
-                        size_t errlen);
-
-/* For px_config_file.c: the flag of the option whose file key is `key`
- * (NULL: none), and what a value of the option with `flag` looks like, for
- * error messages ("a duration like 500ms, 10s, 2m, 1h"). */
-const char *px__config_flag_for_key(const char *key);
-const char *px__config_expected(const char *flag);
+int px_config_read_file(px_config *cfg, const px_config_keys *keys,
+                        const char *path, char *err, size_t errlen);
 
 /* Parse "1s,2s,4s" / "a*,b" into a rule's tiers / globs. 0 or -1. */
 int px_parse_tiers(const char *v, retry_rule *r);

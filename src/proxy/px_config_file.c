@@ -27,6 +27,7 @@ typedef struct loader {
   const char *path;
   char *err;
   size_t errlen;
+  const px_config_keys *keys; /* the options (px_config.c) */
 } loader;
 
 static int fail(loader *l, const yaml_node_t *n, const char *fmt, ...) {
@@ -88,12 +89,12 @@ static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
     if (!key)
       return fail(l, k, "expected a key");
     if (strcmp(key, "queues") == 0) {
-      if (joined(l, v, buf, sizeof buf) || px_parse_globs(buf, r))
+      if (joined(l, v, buf, sizeof buf) || l->keys->parse_globs(buf, r))
         return fail(l, v, "queues: expected a list of up to %d globs",
                     RETRY_MAX_GLOBS);
       has_queues = true;
     } else if (strcmp(key, "tiers") == 0) {
-      if (joined(l, v, buf, sizeof buf) || px_parse_tiers(buf, r))
+      if (joined(l, v, buf, sizeof buf) || l->keys->parse_tiers(buf, r))
         return fail(l, v,
                     "tiers: expected up to %d delays like 500ms, 1s, 2m, 1h "
                     "(each at most 24h)",
@@ -135,7 +136,7 @@ static int load_retry(loader *l, yaml_node_t *n, px_config *cfg) {
     yaml_node_t *v = yaml_document_get_node(&l->doc, p->value);
     const char *key = scalar(k);
     if (key && strcmp(key, "header_prefix") == 0) {
-      if (!scalar(v) || px_config_set(cfg, "header-prefix", scalar(v)))
+      if (!scalar(v) || l->keys->set(cfg, "header-prefix", scalar(v)))
         return fail(l, v, "header_prefix: expected a short string");
     } else if (key && strcmp(key, "policies") == 0) {
       if (v->type != YAML_SEQUENCE_NODE)
@@ -178,21 +179,21 @@ static int load_root(loader *l, px_config *cfg) {
         return -1;
       continue;
     }
-    const char *flag = px__config_flag_for_key(key);
+    const char *flag = l->keys->flag_for_key(key);
     if (!flag)
       return fail(l, k, "unknown key '%s'", key);
     if (joined(l, v, buf, sizeof buf))
       return -1;
-    if (px_config_set(cfg, flag, buf) != 0)
+    if (l->keys->set(cfg, flag, buf) != 0)
       return fail(l, v, "%s: invalid value '%s' (expected %s)", key, buf,
-                  px__config_expected(flag));
+                  l->keys->expected(flag));
   }
   return 0;
 }
 
-int px_config_read_file(px_config *cfg, const char *path, char *err,
-                        size_t errlen) {
-  loader l = {.path = path, .err = err, .errlen = errlen};
+int px_config_read_file(px_config *cfg, const px_config_keys *keys,
+                        const char *path, char *err, size_t errlen) {
+  loader l = {.path = path, .err = err, .errlen = errlen, .keys = keys};
   yaml_parser_t parser;
   FILE *f = fopen(path, "rb");
   if (!f) {
