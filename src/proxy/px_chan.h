@@ -87,6 +87,12 @@ static inline uint32_t px_chan_nheld(const px_chan *c) {
 px_slice px_chan_pop_held(px_chan *c);
 void px_chan_unpop_held(px_chan *c);
 
+/* Rewrite a frame's 2-byte channel field in place. */
+static inline void px_chan_renumber(uint8_t *raw, uint16_t ch) {
+  raw[1] = (uint8_t)(ch >> 8);
+  raw[2] = (uint8_t)ch;
+}
+
 /* Drop every held frame (on close). */
 void px_chan_drop_held(px_chan *c);
 

@@ -11,8 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_frames.h"
+#include "px_life.h"
+#include "px_log.h"
 #include "px_own.h"
-#include "px_session_int.h"
+#include "px_retry.h"
+#include "px_server.h"
+#include "px_track.h"
 
 /* Upper bound on frame-max when a peer negotiates 0 ("no limit"). */
 #define PX_FRAME_MAX_CAP (4u * 1024 * 1024)
@@ -38,8 +43,8 @@ static uint16_t find_free_up(const px_session *s) {
   return 0;
 }
 
-int px__client_error(px_session *s, uint16_t code, const char *detail,
-                     uint32_t id) {
+int px_frames_client_error(px_session *s, uint16_t code, const char *detail,
+                           uint32_t id) {
   char text[160];
   const char *name = amqp_reply_name(code);
   snprintf(text, sizeof text, "%s - %s", name ? name : "INTERNAL_ERROR",
@@ -47,18 +52,19 @@ int px__client_error(px_session *s, uint16_t code, const char *detail,
   s->srv->stats.protocol_errors++;
   px_warn("protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("side", "client"), PX_U("code", code), PX_S("error", text));
-  px__close_client(s, code, text, AMQP_METHOD_CLASS(id), AMQP_METHOD_INDEX(id));
+  px_life_close_client(s, code, text, AMQP_METHOD_CLASS(id),
+                       AMQP_METHOD_INDEX(id));
   return PX_STOP;
 }
 
 /* ---- channels ----------------------------------------------------------- */
 
-void px__chan_release(px_session *s, px_chan *c) {
-  px__track_free(s, c);
+void px_frames_chan_release(px_session *s, px_chan *c) {
+  px_track_free(s, c);
   px_tab_set(&s->by_client, c->client_ch, NULL);
   if (c->up_ch && px_tab_get(&s->by_up, c->up_ch) == c)
     px_tab_set(&s->by_up, c->up_ch, NULL);
-  px__drop_held(s, c);
+  px_life_drop_held(s, c);
   free(c);
   s->nchans--;
   if (s->own_state == PX_OWN_YIELDED && s->state == PX_S_OPEN &&
@@ -66,12 +72,12 @@ void px__chan_release(px_session *s, px_chan *c) {
     px_own_open(s);
 }
 
-void px__chans_free(px_session *s) {
+void px_frames_chans_free(px_session *s) {
   for (uint32_t b = 0; s->by_client.blocks && b < s->by_client.nblocks; b++)
     for (int i = 0; s->by_client.blocks[b] && i < 64; i++) {
       px_chan *c = s->by_client.blocks[b][i];
       if (c) {
-        px__track_free(s, c);
+        px_track_free(s, c);
         px_chan_drop_held(c);
         free(c);
       }
@@ -87,8 +93,8 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     return PX_FORWARD; /* the broker answers that */
   px_chan *c = calloc(1, sizeof *c);
   if (!c)
-    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
-                            AMQP_CHANNEL_OPEN);
+    return px_frames_client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
+                                  AMQP_CHANNEL_OPEN);
   c->client_ch = ch;
   c->state = PX_CH_OPENING;
   c->gen = ++s->chan_gen;
@@ -99,13 +105,13 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
         px_tab_set(&s->by_up, up, c) != 0) {
       px_tab_set(&s->by_client, ch, NULL);
       free(c);
-      return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
-                              AMQP_CHANNEL_OPEN);
+      return px_frames_client_error(s, AMQP_REPLY_INTERNAL_ERROR,
+                                    "out of memory", AMQP_CHANNEL_OPEN);
     }
     s->nchans++;
     if (up != ch) {
       s->srv->stats.channel_remaps++;
-      px__set_channel(raw, up);
+      px_chan_renumber(raw, up);
       px_debug("channel_mapped", PX_U("id", s->id), PX_U("client_channel", ch),
                PX_U("upstream_channel", up));
     }
@@ -119,8 +125,8 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
    * channel waits (held) until the broker confirms the close. */
   if (px_tab_set(&s->by_client, ch, c) != 0) {
     free(c);
-    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
-                            AMQP_CHANNEL_OPEN);
+    return px_frames_client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
+                                  AMQP_CHANNEL_OPEN);
   }
   c->held = true;
   c->open_held = true;
@@ -188,10 +194,10 @@ static void keep_login(px_session *s, const amqp_method *m) {
 
 static int client_tune_ok(px_session *s, const amqp_method *m) {
   if (s->by_client.blocks || s->state != PX_S_HANDSHAKE)
-    return px__client_error(s, AMQP_REPLY_CHANNEL_ERROR,
-                            "unexpected connection.tune-ok, the "
-                            "connection is already tuned",
-                            m->id);
+    return px_frames_client_error(s, AMQP_REPLY_CHANNEL_ERROR,
+                                  "unexpected connection.tune-ok, the "
+                                  "connection is already tuned",
+                                  m->id);
   uint32_t ch = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u;
   uint32_t fm = (uint32_t)m->args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u;
   if (!ch)
@@ -205,8 +211,8 @@ static int client_tune_ok(px_session *s, const amqp_method *m) {
   s->heartbeat = (uint16_t)m->args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u;
   if (px_tab_init(&s->by_client, s->channel_max) ||
       px_tab_init(&s->by_up, s->channel_max))
-    return px__client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
-                            m->id);
+    return px_frames_client_error(s, AMQP_REPLY_INTERNAL_ERROR, "out of memory",
+                                  m->id);
   return PX_FORWARD;
 }
 
@@ -214,16 +220,16 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
                                     uint32_t id) {
   amqp_method m;
   if (AMQP_METHOD_CLASS(id) != 10)
-    return px__client_error(s, AMQP_REPLY_COMMAND_INVALID,
-                            "only connection methods on channel 0", id);
+    return px_frames_client_error(s, AMQP_REPLY_COMMAND_INVALID,
+                                  "only connection methods on channel 0", id);
   if (id != AMQP_CONNECTION_START_OK && id != AMQP_CONNECTION_TUNE_OK &&
       id != AMQP_CONNECTION_OPEN && id != AMQP_CONNECTION_CLOSE &&
       id != AMQP_CONNECTION_CLOSE_OK)
     return PX_FORWARD;
   int rc = amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
   if (rc != AMQP_OK)
-    return px__client_error(s, (uint16_t)amqp_status_reply_code(rc),
-                            amqp_status_str(rc), id);
+    return px_frames_client_error(s, (uint16_t)amqp_status_reply_code(rc),
+                                  amqp_status_str(rc), id);
   switch (id) {
   case AMQP_CONNECTION_START_OK:
     record_user(s, &m);
@@ -243,15 +249,15 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     break;
   }
   case AMQP_CONNECTION_CLOSE:
-    if (px__retry_busy(s)) { /* the acks of the copies in flight go first */
+    if (px_retry_busy(s)) { /* the acks of the copies in flight go first */
       px_info("client_close_waits", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_U("pending", s->ops.n + s->parked.n + s->n_own_waiters));
       return PX_HOLD_CONN;
     }
-    px__set_state(s, PX_S_CLOSING);
+    px_life_set_state(s, PX_S_CLOSING);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the broker's close: it hangs up */
-    px__finishing(s, PX_CR_BROKER_CLOSED_CONNECTION);
+    px_life_finishing(s, PX_CR_BROKER_CLOSED_CONNECTION);
     break;
   }
   return PX_FORWARD;
@@ -265,25 +271,26 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
     return PX_FORWARD; /* the broker discards it anyway */
   if (f->type == AMQP_FRAME_METHOD) {
     if (c->c2u != PX_CONTENT_NONE)
-      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
-                              "method frame during content", id);
+      return px_frames_client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                                    "method frame during content", id);
     if (id == AMQP_BASIC_PUBLISH) {
       c->c2u = PX_CONTENT_HEADER;
-      px__track_publish(c);
+      px_track_publish(c);
     }
     return PX_FORWARD;
   }
   if (f->type == AMQP_FRAME_HEADER) {
     if (c->c2u != PX_CONTENT_HEADER)
-      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
-                              "content header without a content method", 0);
+      return px_frames_client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                                    "content header without a content method",
+                                    0);
     c->c2u_left = amqp_content_header_peek_size(f->payload);
     c->c2u = c->c2u_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
     return PX_FORWARD;
   }
   if (c->c2u != PX_CONTENT_BODY || f->payload.len > c->c2u_left)
-    return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
-                            "content body not expected", 0);
+    return px_frames_client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                                  "content body not expected", 0);
   c->c2u_left -= f->payload.len;
   if (c->c2u_left == 0)
     c->c2u = PX_CONTENT_NONE;
@@ -292,8 +299,8 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
 
 /* rebound ends the broker's side itself: REPLY_SUCCESS, and the reason. */
 static void close_upstream(px_session *s, px_close_reason reason) {
-  px__emit_close(s, &s->upstream, AMQP_REPLY_SUCCESS, px_close_text(reason), 0,
-                 0);
+  px_life_send_close(s, &s->upstream, AMQP_REPLY_SUCCESS, px_close_text(reason),
+                     0, 0);
 }
 
 /* While rebound is closing the client (error, shutdown), only its
@@ -311,7 +318,7 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
       close_upstream(s, PX_CR_SHUTTING_DOWN);
     return PX_DROP; /* the broker's close-ok ends the session */
   }
-  px_session_close(s, PX_CR_PROTOCOL_ERROR);
+  px_life_close(s, PX_CR_PROTOCOL_ERROR);
   return PX_STOP;
 }
 
@@ -322,8 +329,8 @@ static int decode_or_close(px_session *s, const amqp_frame *f, uint32_t id,
   int rc = amqp_method_decode_flags(f->payload, m, AMQP_DECODE_OPAQUE_TABLES);
   if (rc == AMQP_OK)
     return PX_FORWARD;
-  return px__client_error(s, (uint16_t)amqp_status_reply_code(rc),
-                          amqp_status_str(rc), id);
+  return px_frames_client_error(s, (uint16_t)amqp_status_reply_code(rc),
+                                amqp_status_str(rc), id);
 }
 
 /* Methods that tell which deliveries exist and what happens to them. */
@@ -340,9 +347,9 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
                        ? m.args[AMQP_F_BASIC_NACK_REQUEUE].u
                        : m.args[AMQP_F_BASIC_REJECT_REQUEUE].u;
     if (requeue) /* in a transaction the requeue happens at commit */
-      return c->tx ? px__retry_requeue_tx(s, c, &m)
-                   : px__retry_requeue(s, c, &m);
-    px__track_client_method(s, c, &m);
+      return c->tx ? px_retry_requeue_tx(s, c, &m) : px_retry_requeue(s, c, &m);
+    if (px_track_client_method(s, c, &m))
+      px_own_want(s);
     return PX_FORWARD;
   }
   case AMQP_BASIC_CONSUME:
@@ -352,7 +359,8 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
   case AMQP_BASIC_RECOVER_ASYNC: {
     int act = decode_or_close(s, f, id, &m);
     if (act == PX_FORWARD)
-      px__track_client_method(s, c, &m);
+      if (px_track_client_method(s, c, &m))
+        px_own_want(s);
     return act;
   }
   }
@@ -365,9 +373,9 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
 static int client_frame_chan_closing(px_session *s, px_chan *c, uint8_t *raw,
                                      uint32_t id) {
   if (c->up_ch != c->client_ch)
-    px__set_channel(raw, c->up_ch);
+    px_chan_renumber(raw, c->up_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
-    px__chan_release(s, c);
+    px_frames_chan_release(s, c);
   return PX_FORWARD;
 }
 
@@ -383,8 +391,8 @@ static bool up_taken(const px_session *s, uint16_t n) {
 static int client_unopened(px_session *s, const amqp_frame *f, uint32_t id) {
   if (!up_taken(s, f->channel))
     return PX_FORWARD;
-  return px__client_error(s, AMQP_REPLY_CHANNEL_ERROR,
-                          "expected 'channel.open'", id);
+  return px_frames_client_error(s, AMQP_REPLY_CHANNEL_ERROR,
+                                "expected 'channel.open'", id);
 }
 
 /* After a connection.close (either way) the broker only looks at
@@ -415,8 +423,8 @@ static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
   bool multiple = id == AMQP_BASIC_ACK    ? m.args[AMQP_F_BASIC_ACK_MULTIPLE].u
                   : id == AMQP_BASIC_NACK ? m.args[AMQP_F_BASIC_NACK_MULTIPLE].u
                                           : false;
-  uint32_t from = multiple ? 0 : px__track_index(c, tag);
-  uint32_t to = multiple ? px__track_upto(c, tag) : from + 1;
+  uint32_t from = multiple ? 0 : px_track_index(c, tag);
+  uint32_t to = multiple ? px_track_upto(c, tag) : from + 1;
   for (uint32_t i = from; i < to && i < c->track.dl.r.n; i++) {
     const px_delivery *d = px_dl_at(&c->track, i);
     if ((multiple || d->tag == tag) &&
@@ -426,7 +434,7 @@ static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
   return true;
 }
 
-int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
+int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan) {
   if (s->proxy_closing)
     return client_frame_closing(s, f);
@@ -438,13 +446,13 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
     return PX_FORWARD;
   if (f->channel == 0) {
     if (f->type != AMQP_FRAME_METHOD)
-      return px__client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
-                              "content frame on channel 0", 0);
+      return px_frames_client_error(s, AMQP_REPLY_UNEXPECTED_FRAME,
+                                    "content frame on channel 0", 0);
     return client_connection_method(s, f, id);
   }
   if (AMQP_METHOD_CLASS(id) == 10)
-    return px__client_error(s, AMQP_REPLY_COMMAND_INVALID,
-                            "connection method on a channel", id);
+    return px_frames_client_error(s, AMQP_REPLY_COMMAND_INVALID,
+                                  "connection method on a channel", id);
   px_chan *c = px_tab_get(&s->by_client, f->channel);
   if (c && c->held && !may_overtake(c, f, id)) { /* waits, unexamined,
                                                      until released */
@@ -473,20 +481,20 @@ int px__client_frame(px_session *s, const amqp_frame *f, uint8_t *raw,
   if (id == AMQP_CHANNEL_CLOSE)
     c->state = PX_CH_CLOSING;
   if (c->up_ch != c->client_ch)
-    px__set_channel(raw, c->up_ch);
+    px_chan_renumber(raw, c->up_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
-    px__chan_release(s, c);
+    px_frames_chan_release(s, c);
   return PX_FORWARD;
 }
 
-void px__retry_idle(px_session *s) {
+void px_frames_retry_idle(px_session *s) {
   if (s->state == PX_S_CLOSED)
     return;
   if (s->yield_requested && s->own_state == PX_OWN_READY)
     px_own_yield_now(s);
   bool closing = s->conn_held || s->close_upstream_idle;
   if (s->conn_held)
-    px__release_conn_hold(s); /* the client's own connection.close */
+    px_life_release_conn_hold(s); /* the client's own connection.close */
   if (s->close_upstream_idle) {
     s->close_upstream_idle = false;
     close_upstream(s, PX_CR_SHUTTING_DOWN);
@@ -494,7 +502,7 @@ void px__retry_idle(px_session *s) {
   if (s->client_gone) {
     if (!closing)
       close_upstream(s, PX_CR_CLIENT_DISCONNECTED);
-    px__close_after_flush(s, &s->upstream, PX_CR_CLIENT_DISCONNECTED);
+    px_life_close_after_flush(s, &s->upstream, PX_CR_CLIENT_DISCONNECTED);
   }
 }
 
@@ -550,8 +558,8 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
   case AMQP_CONNECTION_OPEN_OK:
     if (s->state != PX_S_HANDSHAKE || !s->by_client.blocks)
       break;
-    px__set_state(s, PX_S_OPEN);
-    px__handshake_done(s);
+    px_life_set_state(s, PX_S_OPEN);
+    px_life_handshake_done(s);
     log_open(s);
     if (s->srv->cfg->retry_shared)
       px_own_open(s); /* else at the first delivery kept for retry */
@@ -564,32 +572,32 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
               PX_U("code", m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u),
               PX_B("text", t.ptr, t.len));
     }
-    px__set_state(s, PX_S_CLOSING);
+    px_life_set_state(s, PX_S_CLOSING);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
-    px__finishing(s, PX_CR_CLIENT_CLOSED_CONNECTION);
+    px_life_finishing(s, PX_CR_CLIENT_CLOSED_CONNECTION);
     break;
   case AMQP_CONNECTION_BLOCKED:
   case AMQP_CONNECTION_UNBLOCKED:
     if ((s->srv->cfg->retry_shared || s->pub_failed) &&
         amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
             AMQP_OK)
-      px__retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
-                        id == AMQP_CONNECTION_BLOCKED
-                            ? m.args[AMQP_F_CONNECTION_BLOCKED_REASON].b
-                            : amqp_cstr(""),
-                        "client's upstream connection");
+      px_retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
+                       id == AMQP_CONNECTION_BLOCKED
+                           ? m.args[AMQP_F_CONNECTION_BLOCKED_REASON].b
+                           : amqp_cstr(""),
+                       "client's upstream connection");
     break;
   }
   return PX_FORWARD;
 }
 
-int px__upstream_error(px_session *s, const char *what) {
+int px_frames_upstream_error(px_session *s, const char *what) {
   s->srv->stats.protocol_errors++;
   px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("upstream", s->upstream_addr), PX_S("error", what));
-  px__close_client(s, AMQP_REPLY_INTERNAL_ERROR,
-                   "INTERNAL_ERROR - protocol error from the broker", 0, 0);
+  px_life_close_client(s, AMQP_REPLY_INTERNAL_ERROR,
+                       "INTERNAL_ERROR - protocol error from the broker", 0, 0);
   return PX_STOP;
 }
 
@@ -604,8 +612,9 @@ static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
   case AMQP_FRAME_HEADER:
     c->u2c_left = amqp_content_header_peek_size(f->payload);
     if (c->u2c_left > PX_UPSTREAM_BODY_MAX)
-      return px__upstream_error(s, "content header announces an impossible "
-                                   "body size");
+      return px_frames_upstream_error(s,
+                                      "content header announces an impossible "
+                                      "body size");
     c->u2c = c->u2c_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
     break;
   case AMQP_FRAME_BODY:
@@ -624,7 +633,7 @@ static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
       (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
        amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&
       s->draining) {
-    px_session_close(s, PX_CR_SHUTTING_DOWN);
+    px_life_close(s, PX_CR_SHUTTING_DOWN);
     return PX_STOP;
   }
   return PX_DROP;
@@ -635,41 +644,42 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
                            uint32_t id) {
   amqp_method m;
   if (f->type != AMQP_FRAME_METHOD) {
-    px__track_content(s, c, f);
+    px_track_content(s, c, f);
     return;
   }
   switch (id) {
   case AMQP_BASIC_DELIVER:
-    px__track_deliver(s, c, f->payload);
+    if (px_track_deliver(s, c, f->payload))
+      px_own_want(s);
     break;
   case AMQP_BASIC_ACK:
   case AMQP_BASIC_NACK: /* from the broker: confirms */
-    px__track_confirmed(s, c, f->payload);
+    px_track_confirmed(s, c, f->payload);
     break;
   case AMQP_BASIC_GET_OK:
   case AMQP_BASIC_GET_EMPTY:
   case AMQP_BASIC_CONSUME_OK:
   case AMQP_BASIC_CANCEL_OK:
   case AMQP_BASIC_CANCEL:
-    if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+    if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
         AMQP_OK)
-      px__track_upstream_method(s, c, &m);
-    else
       c->track.lost = true;
+    else if (px_track_upstream_method(s, c, &m))
+      px_own_want(s);
     break;
   case AMQP_CHANNEL_CLOSE:
     /* the broker closed it: unsettled deliveries are requeued by the
      * broker, held client frames would be discarded by it */
     c->state = PX_CH_SERVER_CLOSED;
-    px__track_clear(s, c);
+    px_track_clear(s, c);
     c->track.retries_pending = c->track.defers_pending = 0;
     c->held = c->open_held = false;
-    px__drop_held(s, c);
+    px_life_drop_held(s, c);
     break;
   }
 }
 
-int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
+int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (s->proxy_closing)
     return upstream_frame_closing(s, f);
   if (f->type == AMQP_FRAME_HEARTBEAT)
@@ -692,8 +702,8 @@ int px__upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (id == AMQP_CHANNEL_OPEN_OK)
     c->state = PX_CH_OPEN;
   if (c->up_ch != c->client_ch)
-    px__set_channel(raw, c->client_ch);
+    px_chan_renumber(raw, c->client_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
-    px__chan_release(s, c);
+    px_frames_chan_release(s, c);
   return PX_FORWARD;
 }

@@ -34,6 +34,13 @@ static px_out_status queued(px_out *o, px_conn *to, int rc) {
   return PX_OUT_OK; /* dropped: the connection is failing */
 }
 
+void px_out_transport_error(px_out *o, px_conn *conn, int err) {
+  if (!o->write_error) {
+    o->write_error = err;
+    o->write_failed_on = conn;
+  }
+}
+
 void px_out_run_begin(px_out *o, px_conn *to, px_chunk *chunk, uint32_t off) {
   o->run.to = to;
   o->run.chunk = chunk;

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_life.h"
+#include "px_log.h"
 #include "px_own.h"
-#include "px_session_int.h"
+#include "px_server.h"
 
 /* rebound's channel reopens at once after its first close, then after
  * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
@@ -94,7 +96,7 @@ void px_own_open(px_session *s) {
     return; /* the session closes over it */
 }
 
-void px__own_want(px_session *s) {
+void px_own_want(px_session *s) {
   if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms &&
       s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone)
     px_own_open(s);
@@ -125,7 +127,7 @@ static void own_handover(px_session *s) {
     return;
   c->up_ch = n;
   px_tab_set(&s->by_up, n, c);
-  px__release_held(s, c);
+  px_life_release_held(s, c);
 }
 
 /* Requeues that waited for rebound's channel go through the handler again
@@ -137,7 +139,7 @@ static void release_own_waiters(px_session *s) {
     px_chan *c = px_tab_get(&s->by_client, s->own_waiters[i].ch);
     if (c && c->gen == s->own_waiters[i].gen && c->held &&
         !c->track.retries_pending && !c->track.defers_pending)
-      px__release_held(s, c);
+      px_life_release_held(s, c);
   }
 }
 
@@ -153,7 +155,7 @@ static uint32_t own_backoff_ms(px_session *s) {
   return ms < PX_OWN_BACKOFF_MAX_MS ? ms : PX_OWN_BACKOFF_MAX_MS;
 }
 
-void px__own_reopen(px_session *s) {
+void px_own_reopen(px_session *s) {
   if (s->own_state == PX_OWN_NONE && s->state == PX_S_OPEN &&
       !s->proxy_closing && !s->client_gone)
     px_own_open(s);
@@ -170,14 +172,14 @@ static void own_closed(px_session *s, const amqp_method *close) {
   bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
   const char *was = px_own_state_name(s->own_state);
   own_set(s, PX_OWN_NONE); /* no new copies while they fall back */
-  bool adapted = px__retry_own_lost(s, code, text);
+  bool adapted = s->hooks->own_lost(s, code, text);
   uint32_t delay = adapted ? 0 : own_backoff_ms(s);
   s->srv->stats.own_channel_errors++;
   px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("channel", s->own_ch), PX_S("state", was), PX_U("code", code),
           PX_B("text", text.ptr, text.len), PX_U("reopen_ms", delay));
   amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
-  if (px_out_method(&s->out, px__own_side(s), s->own_ch, &m) != PX_OUT_OK)
+  if (px_out_method(&s->out, px_own_sink(s), s->own_ch, &m) != PX_OUT_OK)
     return; /* the session closes over it */
   if (yielding) {
     own_handover(s);
@@ -188,9 +190,9 @@ static void own_closed(px_session *s, const amqp_method *close) {
     px_own_open(s);
     return;
   }
-  px__retry_reopen_at(s, uv_now(s->srv->loop) + delay);
+  s->hooks->reopen_at(s, uv_now(s->srv->loop) + delay);
   release_own_waiters(s); /* their requeues wait for it, up to a delay */
-  s->idle_due = true;     /* px__retry_idle() once nothing is pending */
+  s->idle_due = true;     /* px_frames_retry_idle() once nothing is pending */
 }
 
 int px_own_frame(px_session *s, const amqp_frame *f) {
@@ -207,7 +209,7 @@ int px_own_frame(px_session *s, const amqp_frame *f) {
   case AMQP_CHANNEL_OPEN_OK:
     own_set(s, PX_OWN_SELECTING);
     amqp_method_init(&m, AMQP_CONFIRM_SELECT);
-    if (px_out_method(&s->out, px__own_side(s), s->own_ch, &m) != PX_OUT_OK)
+    if (px_out_method(&s->out, px_own_sink(s), s->own_ch, &m) != PX_OUT_OK)
       return PX_STOP; /* the session closes over it */
     break;
   case AMQP_CONFIRM_SELECT_OK:
@@ -215,20 +217,20 @@ int px_own_frame(px_session *s, const amqp_frame *f) {
     px_debug("own_channel_ready", PX_U("id", s->id), PX_U("channel", s->own_ch),
              PX_S("state", px_own_state_name(s->own_state)));
     release_own_waiters(s);
-    px__retry_own_ready(s);
+    s->hooks->own_ready(s);
     if (s->yield_requested && s->ops.n == 0)
       px_own_yield_now(s);
     break;
   case AMQP_BASIC_ACK:
-    px__retry_confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
+    s->hooks->confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
                       m.args[AMQP_F_BASIC_ACK_MULTIPLE].u, true);
     break;
   case AMQP_BASIC_NACK:
-    px__retry_confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
+    s->hooks->confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
                       m.args[AMQP_F_BASIC_NACK_MULTIPLE].u, false);
     break;
   case AMQP_BASIC_RETURN:
-    px__retry_returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
+    s->hooks->returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
     break;
   case AMQP_CHANNEL_CLOSE:
     own_closed(s, &m);
@@ -256,24 +258,24 @@ static void pub_ready(void *ctx) {
     amqp_method m;
     amqp_method_init(&m, AMQP_CHANNEL_OPEN);
     if (px_out_method(&s->out, NULL, 1, &m) != PX_OUT_OK) {
-      px__session_flush(s); /* closes over the failure */
+      s->hooks->flush(s); /* closes over the failure */
       return;
     }
   }
-  px__session_flush(s);
+  s->hooks->flush(s);
 }
 
 static void pub_frame(void *ctx, const amqp_frame *f) {
   px_session *s = ctx;
   if (s->own_on_pub && f->channel == s->own_ch && px_own_active(s))
     px_own_frame(s, f);
-  px__session_flush(s);
+  s->hooks->flush(s);
 }
 
 static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
   px_session *s = ctx;
-  px__retry_blocked(s, blocked, reason, "retry connection");
-  px__session_flush(s);
+  s->hooks->blocked(s, blocked, reason, "retry connection");
+  s->hooks->flush(s);
 }
 
 /* The retry connection failed or was closed. Never logged in: rebound's
@@ -289,8 +291,8 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
   s->pub_ready = false;
   own_set(s, PX_OWN_NONE); /* before anything may publish again */
   if (own)
-    px__retry_own_lost(s, 0, text);
-  px__retry_blocked(s, false, amqp_cstr(""), "retry connection");
+    s->hooks->own_lost(s, 0, text);
+  s->hooks->blocked(s, false, amqp_cstr(""), "retry connection");
   if (!was_ready) {
     s->pub_failed = true;
     s->srv->stats.retry_connection_failures++;
@@ -304,11 +306,11 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
     if (!was_ready)
       px_own_open(s);
     else
-      px__retry_reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
+      s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
   }
   release_own_waiters(s);
-  s->idle_due = true; /* px__retry_idle() once nothing is pending */
-  px__session_flush(s);
+  s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */
+  s->hooks->flush(s);
 }
 
 static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,

@@ -47,6 +47,15 @@ bool px_own_on_main(const px_session *s);
 void px_own_open(px_session *s);
 /* Give its number up (channel.close 200); own_channel_yielded follows. */
 void px_own_yield_now(px_session *s);
+/* A delivery is kept for retry: make sure it is (being) opened. */
+void px_own_want(px_session *s);
+/* Its reopen time has come (px_retry_reopen_at()). */
+void px_own_reopen(px_session *s);
+/* Where its frames go, for px_out.h: the client's upstream connection,
+ * or NULL for the separate retry connection (px_pub.h). */
+static inline px_conn *px_own_sink(px_session *s) {
+  return s->own_on_pub ? NULL : &s->upstream;
+}
 /* A frame for it from the broker (client's connection or retry
  * connection). Returns PX_DROP, or PX_STOP when the output failed. */
 int px_own_frame(px_session *s, const amqp_frame *f);

@@ -35,8 +35,12 @@
 #include <time.h>
 
 #include "px_counters.h"
+#include "px_life.h"
+#include "px_log.h"
 #include "px_own.h"
-#include "px_session_int.h"
+#include "px_retry.h"
+#include "px_server.h"
+#include "px_track.h"
 #include "retry_policy.h"
 
 typedef struct px_retry_op {
@@ -137,7 +141,7 @@ static uint64_t op_seq(const void *op) {
   return ((const px_retry_op *)op)->seq;
 }
 
-void px__retry_free(px_session *s) {
+void px_retry_free(px_session *s) {
   px_ring_free(&s->parked);
   list_free(&s->alt_declared, &s->nalt_declared);
   px_ring_free(&s->ops);
@@ -221,7 +225,7 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_QUEUE_DECLARE_DURABLE].u = 1;
   m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
-  px_out_status st = px_out_method(&s->out, px__own_side(s), s->own_ch, &m);
+  px_out_status st = px_out_method(&s->out, px_own_sink(s), s->own_ch, &m);
   if (st == PX_OUT_OK)
     list_add(&s->declared, &s->ndeclared, plan->target);
   return st;
@@ -389,7 +393,7 @@ static int publish_copy(px_session *s, px_delivery *d,
     free(frame);
     return n == -COPY_TOO_LARGE ? COPY_TOO_LARGE : -1;
   }
-  px_conn *sink = px__own_side(s);
+  px_conn *sink = px_own_sink(s);
   amqp_method m;
   amqp_method_init(&m, AMQP_BASIC_PUBLISH);
   m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b =
@@ -416,14 +420,14 @@ static int publish_copy(px_session *s, px_delivery *d,
 
 static void arm_deadline(px_session *s) {
   uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
-  if (s->ops.n == 0 || s->own_blocked) { /* blocked: px__retry_blocked
+  if (s->ops.n == 0 || s->own_blocked) { /* blocked: px_retry_blocked
                                             re-arms it when that ends */
     uv_timer_stop(&s->retry_timer);
     return;
   }
   uint64_t due_us = op_at(s, 0)->started_us + timeout_ms * 1000;
   uint64_t now = now_us();
-  uv_timer_start(&s->retry_timer, px__retry_deadline,
+  uv_timer_start(&s->retry_timer, px_retry_deadline,
                  due_us > now ? (due_us - now + 999) / 1000 : 0, 0);
 }
 
@@ -563,7 +567,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 static px_delivery *unpark_one(px_session *s, const px_defer *f, px_chan **cp) {
   px_chan *c = *cp = px_tab_get(&s->by_client, f->client_ch);
   px_delivery *d = c && c->gen == f->gen && c->state == PX_CH_OPEN
-                       ? px__track_find(c, f->tag)
+                       ? px_track_find(c, f->tag)
                        : NULL;
   if (!d || d->state != PX_DL_RETRYING)
     return NULL;
@@ -593,12 +597,12 @@ static void unpark(px_session *s) {
     if (why)
       requeue_or_defer(s, c, d, f->is_reject, false, why);
     if (c->track.retries_pending == 0 && c->track.defers_pending == 0)
-      px__release_held(s, c);
+      px_life_release_held(s, c);
   }
   px_ring_free(&todo);
 }
 
-bool px__retry_unpark(px_session *s) {
+bool px_retry_unpark(px_session *s) {
   if (s->ops.n || !s->parked.n || s->own_state != PX_OWN_READY ||
       s->own_blocked)
     return false;
@@ -678,7 +682,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 
 static void arm_defer_timer(px_session *s);
 
-void px__retry_reopen_at(px_session *s, uint64_t due_ms) {
+void px_retry_reopen_at(px_session *s, uint64_t due_ms) {
   s->own_reopen_ms = due_ms;
   arm_defer_timer(s);
 }
@@ -710,7 +714,7 @@ static void arm_defer_timer(px_session *s) {
   if (next == UINT64_MAX)
     uv_timer_stop(&s->defer_timer);
   else
-    uv_timer_start(&s->defer_timer, px__retry_defer_due,
+    uv_timer_start(&s->defer_timer, px_retry_defer_due,
                    next > now ? next - now : 0, 0);
 }
 
@@ -805,7 +809,7 @@ static void defer_fire(px_session *s, const px_defer *f) {
   px_chan *c = px_tab_get(&s->by_client, f->client_ch);
   if (!c || c->gen != f->gen || c->state == PX_CH_SERVER_CLOSED)
     return; /* the channel went: the broker requeued the delivery */
-  px_delivery *d = px__track_find(c, f->tag);
+  px_delivery *d = px_track_find(c, f->tag);
   if (refused_again(s, c, d, f))
     return;
   if (!f->logged && d) /* it waited for a counted retry that did not come */
@@ -814,13 +818,13 @@ static void defer_fire(px_session *s, const px_defer *f) {
                    f->tag, true))
     return;
   px_metrics_inc(s->srv, PX_M_DELAYED, f->why, NULL);
-  px__track_settle(s, c, f->tag, false);
+  px_track_settle(s, c, f->tag, false);
   if (c->track.defers_pending && --c->track.defers_pending == 0 &&
       c->track.retries_pending == 0)
-    px__release_held(s, c);
+    px_life_release_held(s, c);
 }
 
-void px__retry_defer_due(uv_timer_t *timer) {
+void px_retry_defer_due(uv_timer_t *timer) {
   px_session *s = timer->data;
   uint64_t now = uv_now(s->srv->loop);
   px_ring due = {0};
@@ -842,11 +846,11 @@ void px__retry_defer_due(uv_timer_t *timer) {
   px_ring_free(&due);
   if (s->own_reopen_ms && s->own_reopen_ms <= now && s->state != PX_S_CLOSED) {
     s->own_reopen_ms = 0;
-    px__own_reopen(s);
+    px_own_reopen(s);
   }
   if (s->state != PX_S_CLOSED)
     arm_defer_timer(s);
-  px__session_flush(s);
+  s->hooks->flush(s);
 }
 
 /* Requeue `d` now (no policy, or it cannot be held back) or after its
@@ -861,7 +865,7 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
   if (!emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
                    d->tag, true))
     return;
-  px__track_forget(s, c, d);
+  px_track_forget(s, c, d);
 }
 
 /* Deliveries [from, to) of the channel's ring that a requeue covers. */
@@ -869,12 +873,12 @@ static void requeue_range(px_chan *c, uint64_t tag, bool multiple,
                           uint32_t *from, uint32_t *to) {
   *from = *to = 0;
   if (multiple) {
-    *to = px__track_upto(c, tag);
+    *to = px_track_upto(c, tag);
     return;
   }
-  px_delivery *d = px__track_find(c, tag);
+  px_delivery *d = px_track_find(c, tag);
   if (d) {
-    *from = px__track_index(c, tag);
+    *from = px_track_index(c, tag);
     *to = *from + 1;
   }
 }
@@ -886,7 +890,7 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
  * retry: the frame goes on as it is), PX_HOLD (it waits for rebound's
  * channel to reopen) or PX_DROP (replaced by retries and, for deliveries
  * that cannot be retried, individual requeues). */
-int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
+int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   bool is_reject = m->id == AMQP_BASIC_REJECT;
   uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
                            : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
@@ -924,7 +928,7 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     if (any)
       px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "channel not open or untracked",
                      NULL);
-    px__track_settle(s, c, tag, multiple);
+    px_track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
   s->srv->stats.uncached_nacks += uncached;
@@ -934,12 +938,12 @@ int px__retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     px_delivery *d = px_dl_at(t, i);
     if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING)
       continue;
-    px__track_observe(s, d); /* the client's decision is now */
+    px_track_observe(s, d); /* the client's decision is now */
     const char *why = try_retry(s, c, d, is_reject);
     if (why)
       requeue_or_defer(s, c, d, is_reject, false, why);
   }
-  px__track_tidy(c);
+  px_track_tidy(c);
   t->capture = 0;
   if (t->retries_pending || t->defers_pending)
     c->held = true; /* later frames of this channel wait for the acks */
@@ -956,17 +960,17 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
     if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING ||
         d->state == PX_DL_DEFERRED)
       continue;
-    px__track_observe(s, d);
+    px_track_observe(s, d);
     requeue_or_defer(s, c, d, is_reject, retry, why);
   }
-  px__track_tidy(c);
+  px_track_tidy(c);
   t->capture = 0;
   if (t->retries_pending || t->defers_pending)
     c->held = true;
   return PX_DROP;
 }
 
-int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
+int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
   bool is_reject = m->id == AMQP_BASIC_REJECT;
   uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
                            : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
@@ -977,7 +981,7 @@ int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
   for (uint32_t i = from; i < to && !any; i++)
     any = px_dl_at(&c->track, i)->rule != NULL;
   if (!any || (multiple && c->track.lost) || c->state != PX_CH_OPEN) {
-    px__track_settle(s, c, tag, multiple);
+    px_track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
   /* the requeue happens at commit; held back, it still comes before the
@@ -989,7 +993,7 @@ int px__retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
  */
 
 /* A copy returned unroutable: its tier or dead-letter queue is gone (an
- * operator deleted it). It is declared again (px__retry_returned forgot
+ * operator deleted it). It is declared again (px_retry_returned forgot
  * it) and the copy republished, once. */
 static bool republish(px_session *s, px_chan *c, px_delivery *d,
                       const px_retry_op *op) {
@@ -1032,9 +1036,9 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
                PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
                PX_S("target", op->target), PX_U("latency_us", us));
     }
-    px__track_settle(s, c, op->tag, false);
+    px_track_settle(s, c, op->tag, false);
   } else {
-    px_delivery *d = px__track_find(c, op->tag);
+    px_delivery *d = px_track_find(c, op->tag);
     if (d)
       d->state = PX_DL_CACHED;                   /* no longer being retried */
     bool again = d && refused(s, c, d, op, why); /* after the delay */
@@ -1047,11 +1051,11 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
       if (d)
         requeue_or_defer(s, c, d, op->is_reject, retry_later(why), why);
     }
-    px__track_tidy(c);
+    px_track_tidy(c);
   }
   if (c->track.retries_pending && --c->track.retries_pending == 0 &&
       c->track.defers_pending == 0)
-    px__release_held(s, c);
+    px_life_release_held(s, c);
 }
 
 /* Complete ops [0, n) and drop them from the ring. */
@@ -1074,7 +1078,7 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
            done[i].returned ? "returned by the broker (unroutable)" : why);
   if (done != &one)
     free(done);
-  s->idle_due = true; /* px__retry_unpark(), then px__retry_idle() */
+  s->idle_due = true; /* px_retry_unpark(), then px_frames_retry_idle() */
 }
 
 /* Index of the first op whose seq is >= `seq` (ops.n when none). */
@@ -1082,7 +1086,7 @@ static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
   return px_ring_lower_bound(&s->ops, sizeof(px_retry_op), seq, op_seq);
 }
 
-void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
+void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   if (ok)
     s->own_failures = 0; /* the reopen backoff starts over */
   if (multiple) {
@@ -1100,7 +1104,7 @@ void px__retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   finish_prefix(s, 1, ok, WHY_NACKED);
 }
 
-void px__retry_deadline(uv_timer_t *timer) {
+void px_retry_deadline(uv_timer_t *timer) {
   px_session *s = timer->data;
   if (s->own_blocked) /* the broker reads nothing: no copy is late */
     return;
@@ -1115,11 +1119,11 @@ void px__retry_deadline(uv_timer_t *timer) {
   finish_prefix(s, n, false, "confirm timeout");
   if (n == 0)
     arm_deadline(s);
-  px__session_flush(s);
+  s->hooks->flush(s);
 }
 
-void px__retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
-                       const char *which) {
+void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
+                      const char *which) {
   if (blocked == s->own_blocked)
     return;
   uint64_t now = uv_now(s->srv->loop);
@@ -1141,20 +1145,20 @@ void px__retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
   for (uint32_t i = 0; i < s->ops.n; i++)
     op_at(s, i)->started_us = us;
   arm_deadline(s);
-  px__retry_own_ready(s);
+  px_retry_own_ready(s);
   /* those still not retried (rebound's channel is not ready) wait for
    * their tier delay from now, as any held-back requeue */
   for (uint32_t i = 0; i < s->defers.n; i++) {
     px_defer *f = defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f->client_ch);
-    px_delivery *d = c ? px__track_find(c, f->tag) : NULL;
+    px_delivery *d = c ? px_track_find(c, f->tag) : NULL;
     if (f->due_ms == PX_DUE_UNBLOCKED)
       f->due_ms = now + (d ? defer_delay(s, d) : 1000);
   }
   arm_defer_timer(s);
 }
 
-void px__retry_returned(px_session *s, amqp_bytes routing_key) {
+void px_retry_returned(px_session *s, amqp_bytes routing_key) {
   for (uint32_t i = 0; i < s->ops.n; i++) {
     px_retry_op *op = op_at(s, i);
     if (!op->returned && amqp_bytes_eq(routing_key, amqp_cstr(op->target))) {
@@ -1236,7 +1240,7 @@ static bool adapt_type(px_session *s, const char *q) {
  * connection. A 404 (the queue's home node is down) is temporary: the
  * reopen backs off instead. Returns true when the close only taught
  * rebound a queue's type (reopen at once). */
-bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
+bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   char q[RETRY_NAME_MAX + 1];
   bool adapted = false;
   bool named = closed_queue(text, q);
@@ -1270,7 +1274,7 @@ bool px__retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   return adapted;
 }
 
-bool px__retry_busy(const px_session *s) {
+bool px_retry_busy(const px_session *s) {
   bool opening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
   return s->ops.n > 0 || s->parked.n > 0 ||
@@ -1279,7 +1283,7 @@ bool px__retry_busy(const px_session *s) {
 
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
-void px__retry_own_ready(px_session *s) {
+void px_retry_own_ready(px_session *s) {
   if (s->ops.n == 0)
     unpark(s);
   for (uint32_t i = 0;
@@ -1287,7 +1291,7 @@ void px__retry_own_ready(px_session *s) {
     px_defer f = *defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f.client_ch);
     px_delivery *d = f.retry && c && c->gen == f.gen && c->state == PX_CH_OPEN
-                         ? px__track_find(c, f.tag)
+                         ? px_track_find(c, f.tag)
                          : NULL;
     if (!d || d->state != PX_DL_DEFERRED) {
       i++;

@@ -183,8 +183,7 @@ static void stop_loop_if_done(px_server *srv) {
   }
 }
 
-void px_server_session_gone(px_server *srv, struct px_session *s) {
-  (void)s;
+static void session_gone(px_server *srv) {
   stop_loop_if_done(srv);
 }
 
@@ -519,6 +518,7 @@ static void start_signal(px_server *srv, uv_signal_t *h, uv_signal_cb cb,
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
+  srv->session_gone = session_gone;
   srv->cfg = cfg;
   srv->spare_fd = -1;
   srv->listener = bind_listener(srv, &cfg->listen);

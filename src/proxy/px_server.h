@@ -94,6 +94,8 @@ typedef struct px_server {
   uint32_t cfg_gen;
   uv_timer_t drain_timer;
   struct px_session *sessions; /* doubly linked */
+  /* a session was freed (px_server_start() sets it; NULL: nothing to do) */
+  void (*session_gone)(struct px_server *srv);
   uint64_t next_id;
   bool draining;
   bool stopped; /* px_server_stop has run */
@@ -150,8 +152,5 @@ void px_server_close(px_server *srv);
 
 /* Free the config. After the loop has ended. */
 void px_server_free(px_server *srv);
-
-/* Called by a session when it has fully closed and is about to be freed. */
-void px_server_session_gone(px_server *srv, struct px_session *s);
 
 #endif

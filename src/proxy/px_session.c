@@ -30,7 +30,12 @@
 
 #include "px_conn.h"
 #include "px_counters.h"
-#include "px_session_int.h"
+#include "px_frames.h"
+#include "px_life.h"
+#include "px_log.h"
+#include "px_own.h"
+#include "px_retry.h"
+#include "px_server.h"
 
 #define PX_HIGH_WATER (512 * 1024)
 #define PX_LOW_WATER (128 * 1024)
@@ -41,21 +46,8 @@
 
 static void upstream_try_next(px_session *s);
 
-const char *px_state_name(int state) {
-  static const char *const names[] = {"connecting", "handshake", "open",
-                                      "closing",    "finishing", "closed"};
-  return state >= 0 && state < 6 ? names[state] : "?";
-}
-
 static px_conn *other_side(px_session *s, px_conn *side) {
   return side == &s->client ? &s->upstream : &s->client;
-}
-
-void px__set_state(px_session *s, px_state state) {
-  px_debug("session_state", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("from", px_state_name(s->state)),
-           PX_S("to", px_state_name(state)));
-  s->state = state;
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -71,14 +63,15 @@ static void session_free(px_session *s) {
   free_secret(s->login_auth, s->login.mechanism.len + s->login.response.len +
                                  s->login.locale.len);
   free(s->login_vhost);
-  px__chans_free(s);
-  px__retry_free(s);
+  px_frames_chans_free(s);
+  px_retry_free(s);
   px_ring_free(&s->relq);
   if (s->conn_held)
     px_chunk_unref(s->conn_hold.chunk);
   px_conn_free(&s->client);
   px_conn_free(&s->upstream);
-  px_server_session_gone(s->srv, s);
+  if (s->srv->session_gone)
+    s->srv->session_gone(s->srv);
   free(s);
 }
 
@@ -100,58 +93,10 @@ static void on_conn_closed(void *ctx, px_conn *c) {
     session_free(s);
 }
 
-/* ---- the close phase: where a session is in ending, and its timer ----- */
-
-static void on_phase_timeout(uv_timer_t *t);
-
-const char *px_close_phase_name(int phase) {
-  switch (phase) {
-#define PX__PHASE_NAME(id, name, wait)                                         \
-  case PX_PHASE_##id:                                                          \
-    return name;
-    PX_CLOSE_PHASES(PX__PHASE_NAME)
-#undef PX__PHASE_NAME
-  }
-  return "?";
-}
-
-/* How long a phase may last (0: no limit of its own). */
-static uint64_t phase_wait_ms(const px_session *s, px_close_phase phase) {
-  const px_config *cfg = s->srv->cfg;
-  switch (phase) {
-#define PX__PHASE_WAIT(id, name, wait)                                         \
-  case PX_PHASE_##id:                                                          \
-    return (uint64_t)(wait);
-    PX_CLOSE_PHASES(PX__PHASE_WAIT)
-#undef PX__PHASE_WAIT
-  }
-  (void)cfg;
-  return 0;
-}
-
-/* The one place a session changes phase: logged, and the session's timer
- * set to the new phase's limit (each phase replaces the last one's). */
-static void phase_enter(px_session *s, px_close_phase to) {
-  px_debug("session_close_phase", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("from", px_close_phase_name(s->phase)),
-           PX_S("to", px_close_phase_name(to)));
-  s->phase = (uint8_t)to;
-  uv_timer_stop(&s->timer);
-  uint64_t ms = phase_wait_ms(s, to);
-  if (ms && to != PX_PHASE_CLOSED)
-    uv_timer_start(&s->timer, on_phase_timeout, ms, 0);
-}
-
-/* The first reason that applies is the one logged and counted. */
-static void note_reason(px_session *s, px_close_reason reason) {
-  if (!s->close_reason)
-    s->close_reason = reason;
-}
-
 void px_session_close(px_session *s, px_close_reason reason) {
   if (s->state == PX_S_CLOSED)
     return;
-  note_reason(s, reason ? reason : PX_CR_CLOSE_TIMEOUT);
+  px_life_note(s, reason ? reason : PX_CR_CLOSE_TIMEOUT);
   uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
   px_info("session_close", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
@@ -160,8 +105,8 @@ void px_session_close(px_session *s, px_close_reason reason) {
           PX_U("bytes_to_client", s->client.bytes_out),
           PX_S("reason", px_close_text(s->close_reason)));
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
-  px__set_state(s, PX_S_CLOSED);
-  phase_enter(s, PX_PHASE_CLOSED);
+  px_life_set_state(s, PX_S_CLOSED);
+  px_life_phase(s, PX_PHASE_CLOSED);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
   uv_timer_stop(&s->retry_timer);
   uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
@@ -208,7 +153,7 @@ static void client_stop_writing(px_session *s) {
  * for at most retry_finish_timeout. false when there is nothing to finish
  * (or no broker to finish it with). */
 static bool client_gone_finish(px_session *s, bool write_failed) {
-  if (!px__retry_busy(s) || !s->upstream.connected || s->client_gone)
+  if (!px_retry_busy(s) || !s->upstream.connected || s->client_gone)
     return s->client_gone;
   s->client_gone = true;
   s->client_write_failed = write_failed;
@@ -220,7 +165,7 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
           PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
   s->close_reason =
       write_failed ? PX_CR_CLIENT_WRITE_FAILED : PX_CR_CLIENT_DISCONNECTED;
-  phase_enter(s, PX_PHASE_CLIENT_GONE);
+  px_life_phase(s, PX_PHASE_CLIENT_GONE);
   return true;
 }
 
@@ -243,8 +188,8 @@ static void client_write_failed(px_session *s, int err) {
   client_stop_writing(s);
   px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
-  note_reason(s, PX_CR_CLIENT_WRITE_FAILED);
-  phase_enter(s, PX_PHASE_CLIENT_DEAD);
+  px_life_note(s, PX_CR_CLIENT_WRITE_FAILED);
+  px_life_phase(s, PX_PHASE_CLIENT_DEAD);
   px_conn_resume(&s->client);
 }
 
@@ -333,6 +278,8 @@ static px_close_reason out_reason(px_out_status st) {
  * goes where the transport's would, any other failure closes. */
 static void check_out(px_session *s) {
   px_out *o = &s->out;
+  if (s->close_req && s->state != PX_S_CLOSED)
+    px_session_close(s, s->close_req);
   if (o->write_error && s->state != PX_S_CLOSED) {
     int err = o->write_error;
     o->write_error = 0;
@@ -351,7 +298,7 @@ static void side_queue(px_conn *side, px_chunk *c, uint8_t *p, uint32_t len) {
 
 static void after_event(px_session *s);
 
-void px__session_flush(px_session *s) {
+static void session_flush(px_session *s) {
   check_out(s);
   after_event(s);
   if (s->state != PX_S_CLOSED)
@@ -366,22 +313,6 @@ void px__session_flush(px_session *s) {
  * drains it after the event that released them (after each frame parsed,
  * each timer, each event of the retry connection), so a release never
  * runs inside another channel's frame handler. */
-typedef struct px_release {
-  uint16_t ch;
-  uint32_t gen;
-} px_release;
-
-void px__release_held(px_session *s, px_chan *c) {
-  if (c->release_queued)
-    return;
-  if (px_ring_reserve(&s->relq, sizeof(px_release), UINT16_MAX + 1u) != 0) {
-    px_session_close(s, PX_CR_OUT_OF_MEMORY);
-    return;
-  }
-  *(px_release *)px_ring_push(&s->relq, sizeof(px_release)) =
-      (px_release){c->client_ch, c->gen};
-  c->release_queued = true;
-}
 
 /* One held frame, released: what the frame handler makes of it. A held
  * channel.open (rebound yielded its number) just gets its number. */
@@ -392,10 +323,10 @@ static int release_frame(px_session *s, px_chan *c, px_slice *h) {
     return PX_DROP; /* cannot be: it parsed when it came in */
   if (c->open_held) {
     c->open_held = false;
-    px__set_channel(h->ptr, c->up_ch);
+    px_chan_renumber(h->ptr, c->up_ch);
     return PX_FORWARD;
   }
-  return px__client_frame(s, &f, h->ptr, &again);
+  return px_frames_client(s, &f, h->ptr, &again);
 }
 
 /* Let a channel's held client frames go, in order, until one is held
@@ -446,99 +377,21 @@ static void release_pending(px_session *s) {
 
 /* After every event: held frames released; once no copy is in flight,
  * parked copies go; once nothing is pending any more, what waited for
- * that (px__retry_idle()). */
+ * that (px_frames_retry_idle()). */
 static void after_event(px_session *s) {
   while (s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
     release_pending(s);
-    if (s->state == PX_S_CLOSED || !px__retry_unpark(s) || !s->relq.n)
+    if (s->state == PX_S_CLOSED || !px_retry_unpark(s) || !s->relq.n)
       break;
   }
   if (s->idle_due && !s->conn_held && !s->close_upstream_idle &&
       !s->client_gone && !s->yield_requested)
     s->idle_due = false; /* nothing waits for the retries */
-  if (s->state != PX_S_CLOSED && s->idle_due && !px__retry_busy(s)) {
+  if (s->state != PX_S_CLOSED && s->idle_due && !px_retry_busy(s)) {
     s->idle_due = false;
-    px__retry_idle(s);
+    px_frames_retry_idle(s);
   }
   check_out(s);
-}
-
-void px__drop_held(px_session *s, px_chan *c) {
-  s->held_bytes -= c->held_bytes;
-  px_chan_drop_held(c);
-  if (s->state != PX_S_CLOSED)
-    side_pressure(&s->upstream);
-}
-
-void px__finishing(px_session *s, px_close_reason reason) {
-  note_reason(s, reason);
-  px__set_state(s, PX_S_FINISHING);
-  phase_enter(s, PX_PHASE_FINISHING);
-}
-
-/* End the session through `side`: stop reading the other side, flush
- * what `side` is owed, shut down its write side, then drop its input until
- * it hangs up (or PX_CLOSE_WAIT_MS). Closing a socket whose peer's data
- * sits unread makes the kernel reset it and drop what was just written (a
- * client's close-ok, the ack of an original whose copy is confirmed):
- * draining first lets the peer read everything. */
-static void side_linger(px_session *s, px_conn *side) {
-  px_conn_stop_reading(other_side(s, side));
-  phase_enter(s, PX_PHASE_LINGER);
-  int rc = px_conn_linger(side);
-  if (rc < 0)
-    side_write_failed(s, side, rc);
-}
-
-void px__release_conn_hold(px_session *s) {
-  if (!s->conn_held)
-    return;
-  s->conn_held = false;
-  px__set_state(s, PX_S_CLOSING);
-  side_queue(&s->upstream, s->conn_hold.chunk, s->conn_hold.ptr,
-             s->conn_hold.len);
-  px_chunk_unref(s->conn_hold.chunk);
-  side_flush(&s->upstream);
-}
-
-void px__close_after_flush(px_session *s, px_conn *side,
-                           px_close_reason reason) {
-  note_reason(s, reason);
-  if (side->connected)
-    side_linger(s, side);
-  else
-    px_session_close(s, reason);
-}
-
-void px__emit_close(px_session *s, px_conn *side, uint16_t code,
-                    const char *text, uint16_t class_id, uint16_t method_id) {
-  if (side == &s->upstream) { /* its write side stays open until the
-                                 broker answers (see await_close_ok()) */
-    s->up_close_sent = true;
-    px_conn_hold_shutdown(side);
-  }
-  if (px_out_connection_close(&s->out, side, code, text, class_id, method_id) !=
-      PX_OUT_OK)
-    check_out(s);
-}
-
-void px__tell_client(px_session *s, px_close_reason reason) {
-  char text[128];
-  int code = px_close_reply(reason);
-  snprintf(text, sizeof text, "%s - %s", amqp_reply_name(code),
-           px_close_text(reason));
-  px__close_client(s, (uint16_t)code, text, 0, 0);
-}
-
-void px__close_client(px_session *s, uint16_t code, const char *text,
-                      uint16_t class_id, uint16_t method_id) {
-  if (s->proxy_closing)
-    return;
-  s->proxy_closing = true;
-  px__emit_close(s, &s->client, code, text, class_id, method_id);
-  side_flush(&s->client);
-  px__set_state(s, PX_S_CLOSING);
-  phase_enter(s, PX_PHASE_TELLING_CLIENT);
 }
 
 /* Answer a bad protocol header as the spec says: with ours, then close. */
@@ -555,13 +408,13 @@ static int check_client_header(px_session *s, px_chunk *c) {
     s->srv->stats.protocol_errors++;
     c->off = c->len; /* answered once; nothing more is read from it */
     s->proxy_closing = true;
-    px__set_state(s, PX_S_CLOSING);
+    px_life_set_state(s, PX_S_CLOSING);
     if (px_out_bytes(&s->out, &s->client, amqp_protocol_header,
                      AMQP_PROTOCOL_HEADER_SIZE) != PX_OUT_OK) {
       check_out(s);
       return -1;
     }
-    px__close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
+    px_life_close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
     return -1;
   }
   if (!s->upstream.connected) { /* forwarded once the upstream is up */
@@ -570,7 +423,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
   }
   side_queue(&s->upstream, c, c->data + c->off, AMQP_PROTOCOL_HEADER_SIZE);
   c->off += AMQP_PROTOCOL_HEADER_SIZE;
-  px__set_state(s, PX_S_HANDSHAKE);
+  px_life_set_state(s, PX_S_HANDSHAKE);
   return 1;
 }
 
@@ -590,12 +443,12 @@ static uint32_t frame_limit(const px_session *s, const px_conn *side) {
 static void input_error(px_session *s, px_conn *from, long status) {
   const char *text = amqp_status_str((int)status);
   if (from == &s->upstream) {
-    px__upstream_error(s, text);
+    px_frames_upstream_error(s, text);
     return;
   }
   int code = amqp_status_reply_code((int)status);
-  px__client_error(s, (uint16_t)(code ? code : AMQP_REPLY_FRAME_ERROR), text,
-                   0);
+  px_frames_client_error(s, (uint16_t)(code ? code : AMQP_REPLY_FRAME_ERROR),
+                         text, 0);
 }
 
 /* Parse and dispatch every whole frame in `from`'s chunk. */
@@ -644,22 +497,29 @@ static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
   return 0;
 }
 
-static void process_input(px_session *s, px_conn *from) {
-  px_chunk *c = from->in;
-  px_conn *to = other_side(s, from);
-
+/* Is what `from` sent to be parsed? Not while ending: a lingering upstream
+ * is only looked at for the close-ok of rebound's connection.close, and
+ * what comes after a close-ok is dropped, as the broker does. The client's
+ * protocol header comes first. */
+static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
   if (from == &s->upstream && from->lingering && s->up_close_sent &&
       !s->up_close_answered) {
     await_close_ok(s, c); /* a partial frame stays for the next read */
     if (!s->up_close_answered)
-      return;
+      return false;
   }
   if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
-    c->off = c->len; /* after close-ok: read and dropped, as the broker */
-    return;
+    c->off = c->len;
+    return false;
   }
-  if (from == &s->client && s->state == PX_S_CONNECTING &&
-      check_client_header(s, c) <= 0)
+  return from != &s->client || s->state != PX_S_CONNECTING ||
+         check_client_header(s, c) > 0;
+}
+
+static void process_input(px_session *s, px_conn *from) {
+  px_chunk *c = from->in;
+  px_conn *to = other_side(s, from);
+  if (!input_wanted(s, from, c))
     return;
   uint64_t frames = 0;
   px_out_run_begin(&s->out, to, c, c->off);
@@ -682,9 +542,9 @@ static void process_input(px_session *s, px_conn *from) {
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
     frames++;
-    int act = from == &s->upstream ? px__upstream_frame(s, &f, raw)
+    int act = from == &s->upstream ? px_frames_upstream(s, &f, raw)
               : s->conn_held       ? PX_DROP /* after its connection.close */
-                                   : px__client_frame(s, &f, raw, &hold);
+                                   : px_frames_client(s, &f, raw, &hold);
     c->off += (uint32_t)n;
     if (act == PX_FORWARD) { /* the common case: the run grows */
       px_out_run_extend(&s->out, c->off);
@@ -737,7 +597,7 @@ static void side_eof(px_session *s, px_conn *side, ssize_t err) {
     return;
   }
   if (side == &s->upstream && s->state == PX_S_FINISHING) {
-    px__close_after_flush(s, &s->client, PX_CR_BROKER_CLOSED);
+    px_life_close_after_flush(s, &s->client, PX_CR_BROKER_CLOSED);
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
@@ -747,23 +607,25 @@ static void side_eof(px_session *s, px_conn *side, ssize_t err) {
     if (!clean)
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("error", uv_strerror((int)err)));
-    px__close_after_flush(s, &s->upstream,
-                          s->state == PX_S_CLOSING ? PX_CR_CLIENT_CLOSED
-                                                   : PX_CR_CLIENT_DISCONNECTED);
+    px_life_close_after_flush(s, &s->upstream,
+                              s->state == PX_S_CLOSING
+                                  ? PX_CR_CLIENT_CLOSED
+                                  : PX_CR_CLIENT_DISCONNECTED);
     return;
   }
   if (s->state == PX_S_CLOSING || s->state == PX_S_CONNECTING ||
       s->state == PX_S_HANDSHAKE || s->proxy_closing) {
-    px__close_after_flush(s, &s->client,
-                          s->state == PX_S_CLOSING ? PX_CR_BROKER_CLOSED
-                                                   : PX_CR_BROKER_DISCONNECTED);
+    px_life_close_after_flush(s, &s->client,
+                              s->state == PX_S_CLOSING
+                                  ? PX_CR_BROKER_CLOSED
+                                  : PX_CR_BROKER_DISCONNECTED);
     return;
   }
   px_warn("upstream_lost", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error",
                clean ? "connection closed by broker" : uv_strerror((int)err)));
   s->close_reason = PX_CR_BROKER_LOST;
-  px__tell_client(s, PX_CR_BROKER_LOST);
+  px_life_tell_client(s, PX_CR_BROKER_LOST);
 }
 
 static void on_conn_eof(void *ctx, px_conn *side, int err) {
@@ -774,6 +636,7 @@ static void on_conn_eof(void *ctx, px_conn *side, int err) {
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
   else
     side_eof(s, side, err);
+  session_flush(s);
 }
 
 static void on_conn_data(void *ctx, px_conn *side, size_t n) {
@@ -910,8 +773,7 @@ static void on_handshake_timeout(px_session *s) {
 }
 
 /* A phase's time is up. */
-static void on_phase_timeout(uv_timer_t *t) {
-  px_session *s = t->data;
+static void on_phase_timeout(px_session *s) {
   switch ((px_close_phase)s->phase) {
   case PX_PHASE_HANDSHAKE:
     on_handshake_timeout(s);
@@ -931,17 +793,31 @@ static void on_phase_timeout(uv_timer_t *t) {
   case PX_PHASE_CLOSED:
     break;
   }
+  session_flush(s);
 }
 
 static const px_conn_events conn_events = {
     on_conn_data,    on_conn_eof,       on_conn_write_failed,
     on_conn_written, on_conn_connected, on_conn_closed};
 
+/* What the modules below call up (px_session.h). */
+static const px_session_hooks hooks = {
+    .flush = session_flush,
+    .timeout = on_phase_timeout,
+    .own_lost = px_retry_own_lost,
+    .own_ready = px_retry_own_ready,
+    .confirm = px_retry_confirm,
+    .returned = px_retry_returned,
+    .blocked = px_retry_blocked,
+    .reopen_at = px_retry_reopen_at,
+};
+
 static px_session *session_alloc(px_server *srv) {
   px_session *s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
   s->srv = srv;
+  s->hooks = &hooks;
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
   return s;
@@ -972,7 +848,7 @@ static void session_start(px_session *s) {
   srv->stats.sessions_current++;
   px_debug("session_accept", PX_U("id", s->id), PX_S("peer", s->peer));
 
-  phase_enter(s, PX_PHASE_HANDSHAKE);
+  px_life_phase(s, PX_PHASE_HANDSHAKE);
   px_conn_read(&s->client);
   upstream_try_next(s);
 }
@@ -1014,7 +890,8 @@ void px_session_drain(px_session *s) {
   }
   s->draining = true;
   s->close_reason = PX_CR_SHUTTING_DOWN;
-  px__tell_client(s, PX_CR_SHUTTING_DOWN);
+  px_life_tell_client(s, PX_CR_SHUTTING_DOWN);
+  session_flush(s);
 }
 
 void px_session_snapshot(const px_session *s, px_session_snap *out) {
@@ -1046,8 +923,4 @@ px_session *px_session_next(const px_session *s) {
 
 uint64_t px_session_id(const px_session *s) {
   return s->id;
-}
-
-void px__handshake_done(px_session *s) {
-  phase_enter(s, PX_PHASE_OPEN);
 }

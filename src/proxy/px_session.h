@@ -8,7 +8,7 @@
  * cleanly on errors from either side.
  *
  * States (px_state): connecting -> handshake -> open -> closing ->
- * finishing -> closed. Every transition goes through px__set_state() in
+ * finishing -> closed. Every transition goes through px_life_set_state() in
  * px_session.c.
  */
 #ifndef PX_SESSION_H
@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "amqp.h"
 #include "px_buf.h"
 #include "px_chan.h"
 #include "px_close.h"
@@ -81,8 +82,36 @@ typedef enum px_state {
   PX_S_CLOSED,     /* handles closing */
 } px_state;
 
+/* What to do with a frame just parsed. */
+enum px_action {
+  PX_FORWARD,   /* send on, as part of the current run */
+  PX_DROP,      /* consumed here */
+  PX_HOLD,      /* keep in the held frames of the channel given back */
+  PX_STOP,      /* the session is closing: stop parsing */
+  PX_HOLD_CONN, /* connection.close: wait for the copies in flight */
+};
+
+struct px_session;
+
+/* What the session registers for the modules below it to call up
+ * (px_session.c fills it): the end of an event they handled (a timer, the
+ * retry connection), its phase timer, and the events of rebound's channel
+ * (px_own.c raises them) for the retry path (px_retry.c handles them). */
+typedef struct px_session_hooks {
+  void (*flush)(struct px_session *s);
+  void (*timeout)(struct px_session *s);
+  bool (*own_lost)(struct px_session *s, uint16_t code, amqp_bytes text);
+  void (*own_ready)(struct px_session *s);
+  void (*confirm)(struct px_session *s, uint64_t seq, bool multiple, bool ok);
+  void (*returned)(struct px_session *s, amqp_bytes routing_key);
+  void (*blocked)(struct px_session *s, bool blocked, amqp_bytes reason,
+                  const char *which);
+  void (*reopen_at)(struct px_session *s, uint64_t due_ms);
+} px_session_hooks;
+
 typedef struct px_session {
   struct px_server *srv;
+  const px_session_hooks *hooks;
   struct px_session *prev, *next;
   uint64_t id;
   px_state state;
@@ -101,6 +130,7 @@ typedef struct px_session {
   char upstream_errors[384]; /* "addr: error; ..." of failed attempts */
   char upstream_addr[300];   /* the one being tried / used */
   uint8_t close_reason;      /* px_close_reason: the first that applied */
+  uint8_t close_req;         /* px_close_reason: px_life_close() asked for it */
 
   /* offered in connection.tune, negotiated in tune-ok */
   uint16_t offer_channel_max;
@@ -167,7 +197,7 @@ typedef struct px_session {
   unsigned n_own_waiters;
   px_ring relq;       /* px_release: channels whose held frames are due */
   bool idle_due;      /* copies finished, or rebound's channel closed: once
-                         nothing is pending, px__retry_idle() runs */
+                         nothing is pending, px_frames_retry_idle() runs */
   bool conn_held;     /* the client's connection.close waits ... */
   px_slice conn_hold; /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */

@@ -4,7 +4,10 @@
 #include <string.h>
 
 #include "px_counters.h"
-#include "px_session_int.h"
+#include "px_log.h"
+#include "px_server.h"
+#include "px_session.h"
+#include "px_track.h"
 
 /* Per channel at most: unsettled deliveries and requests in flight (past
  * them the channel is `lost`: multiple-nacks pass), and consumers. */
@@ -44,7 +47,7 @@ static void cache_unreserve(px_session *s, uint64_t n) {
   s->srv->stats.cache_entries--;
 }
 
-void px__track_release(px_session *s, px_delivery *d) {
+void px_track_release(px_session *s, px_delivery *d) {
   uint64_t tag = d->tag;
   if (d->bytes)
     cache_unreserve(s, d->bytes);
@@ -86,7 +89,7 @@ static uint32_t dl_lower_bound(const px_track *t, uint64_t tag) {
   return lo;
 }
 
-px_delivery *px__track_find(px_chan *c, uint64_t tag) {
+px_delivery *px_track_find(px_chan *c, uint64_t tag) {
   const px_track *t = &c->track;
   uint32_t i = dl_lower_bound(t, tag);
   if (i == t->dl.r.n)
@@ -95,11 +98,11 @@ px_delivery *px__track_find(px_chan *c, uint64_t tag) {
   return d->tag == tag && d->state != PX_DL_GONE ? d : NULL;
 }
 
-uint32_t px__track_upto(const px_chan *c, uint64_t tag) {
+uint32_t px_track_upto(const px_chan *c, uint64_t tag) {
   return tag == 0 ? c->track.dl.r.n : dl_lower_bound(&c->track, tag + 1);
 }
 
-uint32_t px__track_index(const px_chan *c, uint64_t tag) {
+uint32_t px_track_index(const px_chan *c, uint64_t tag) {
   return dl_lower_bound(&c->track, tag);
 }
 
@@ -118,7 +121,7 @@ static void dl_compact(px_track *t) {
   t->dl.ngone = 0;
 }
 
-void px__track_tidy(px_chan *c) {
+void px_track_tidy(px_chan *c) {
   px_track *t = &c->track;
   while (t->dl.r.n && px_dl_at(t, 0)->state == PX_DL_GONE) {
     px_ring_drop(&t->dl.r, 1);
@@ -132,48 +135,48 @@ void px__track_tidy(px_chan *c) {
     dl_compact(t);
 }
 
-void px__track_forget(px_session *s, px_chan *c, px_delivery *d) {
+void px_track_forget(px_session *s, px_chan *c, px_delivery *d) {
   if (c->track.capture == d->tag)
     c->track.capture = 0;
-  px__track_release(s, d);
+  px_track_release(s, d);
   d->state = PX_DL_GONE;
   c->track.dl.ngone++;
 }
 
-void px__track_observe(px_session *s, const px_delivery *d) {
+void px_track_observe(px_session *s, const px_delivery *d) {
   if (d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED)
     /* else observed when it was nacked */
     px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
                        uv_hrtime() / 1000 - d->delivered_us);
 }
 
-void px__track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
+void px_track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
   px_track *t = &c->track;
   if (!multiple) {
-    px_delivery *d = px__track_find(c, tag);
+    px_delivery *d = px_track_find(c, tag);
     if (d) {
-      px__track_observe(s, d);
-      px__track_forget(s, c, d);
-      px__track_tidy(c);
+      px_track_observe(s, d);
+      px_track_forget(s, c, d);
+      px_track_tidy(c);
     }
     return;
   }
-  uint32_t n = px__track_upto(c, tag);
+  uint32_t n = px_track_upto(c, tag);
   for (uint32_t i = 0; i < n; i++) {
     px_delivery *d = px_dl_at(t, i);
     if (d->state != PX_DL_GONE) {
-      px__track_observe(s, d);
-      px__track_forget(s, c, d);
+      px_track_observe(s, d);
+      px_track_forget(s, c, d);
     }
   }
-  px__track_tidy(c);
+  px_track_tidy(c);
 }
 
-void px__track_clear(px_session *s, px_chan *c) {
+void px_track_clear(px_session *s, px_chan *c) {
   px_track *t = &c->track;
   for (uint32_t i = 0; i < t->dl.r.n; i++)
     if (px_dl_at(t, i)->state != PX_DL_GONE)
-      px__track_release(s, px_dl_at(t, i));
+      px_track_release(s, px_dl_at(t, i));
   px_ring_free(&t->dl.r);
   t->dl.ngone = 0;
   t->capture = 0;
@@ -232,7 +235,7 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
 }
 
 /* Header and body frames of the delivery being captured (the newest). */
-void px__track_content(px_session *s, px_chan *c, const amqp_frame *f) {
+void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   px_track *t = &c->track;
   if (!t->capture || !t->dl.r.n)
     return;
@@ -287,7 +290,7 @@ static px_consumer *find_consumer(px_chan *c, amqp_bytes tag) {
 
 /* A consumer the broker has confirmed (consume-ok) or that no-wait says
  * exists (`confirmed` false: its metrics label waits for a delivery). */
-static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
+static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
                          const char *queue, bool no_ack, bool confirmed) {
   px_track *t = &c->track;
   px_consumer *k =
@@ -296,7 +299,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
           : NULL;
   if (!k) {
     t->lost = true;
-    return;
+    return false;
   }
   t->consumers = k;
   k = &t->consumers[t->nconsumers];
@@ -306,7 +309,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
     free(k->tag);
     free(k->queue);
     t->lost = true;
-    return;
+    return false;
   }
   k->tag_len = (uint8_t)tag.len;
   k->no_ack = no_ack;
@@ -315,8 +318,7 @@ static void add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->gen = s->srv->cfg_gen;
   k->qid = confirmed ? px_metrics_queue(s->srv, queue) : -1;
   t->nconsumers++;
-  if (k->rule)
-    px__own_want(s); /* ready by its first failure */
+  return k->rule != NULL; /* rebound's channel: ready by its first failure */
 }
 
 static void remove_consumer(px_chan *c, amqp_bytes tag) {
@@ -361,15 +363,16 @@ static void request_free(px_request *r) {
   free(r->tag);
 }
 
-void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
+bool px_track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
   const amqp_arg *a = m->args;
+  bool want = false;
   switch (m->id) {
   case AMQP_BASIC_CONSUME:
     if (a[AMQP_F_BASIC_CONSUME_NO_WAIT].u) {
       char *q = dup_bytes(a[AMQP_F_BASIC_CONSUME_QUEUE].b);
       if (q)
-        add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
-                     a[AMQP_F_BASIC_CONSUME_NO_ACK].u, false);
+        want = add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
+                            a[AMQP_F_BASIC_CONSUME_NO_ACK].u, false);
       free(q);
     } else {
       push_request(c, false, a[AMQP_F_BASIC_CONSUME_NO_ACK].u,
@@ -382,36 +385,37 @@ void px__track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
                  a[AMQP_F_BASIC_GET_QUEUE].b, (amqp_bytes){NULL, 0});
     break;
   case AMQP_BASIC_ACK:
-    px__track_settle(s, c, a[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
-                     a[AMQP_F_BASIC_ACK_MULTIPLE].u);
+    px_track_settle(s, c, a[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
+                    a[AMQP_F_BASIC_ACK_MULTIPLE].u);
     break;
   case AMQP_BASIC_REJECT:
-    px__track_settle(s, c, a[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u, false);
+    px_track_settle(s, c, a[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u, false);
     break;
   case AMQP_BASIC_NACK:
-    px__track_settle(s, c, a[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
-                     a[AMQP_F_BASIC_NACK_MULTIPLE].u);
+    px_track_settle(s, c, a[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
+                    a[AMQP_F_BASIC_NACK_MULTIPLE].u);
     break;
   case AMQP_BASIC_RECOVER:
   case AMQP_BASIC_RECOVER_ASYNC:
     /* every unsettled delivery comes again with a new tag */
-    px__track_clear(s, c);
+    px_track_clear(s, c);
     break;
   }
+  return want;
 }
 
 /* Deliveries and answers from the broker. `queue` of a delivery comes from
  * its consumer or its basic.get. */
-void px__track_upstream_method(px_session *s, px_chan *c,
-                               const amqp_method *m) {
+bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
   const amqp_arg *a = m->args;
   px_request r;
+  bool want = false;
   switch (m->id) {
   case AMQP_BASIC_CONSUME_OK:
     if (pop_request(c, &r)) {
       if (!r.is_get && r.queue)
-        add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b, r.queue,
-                     r.no_ack, true);
+        want = add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b,
+                            r.queue, r.no_ack, true);
       request_free(&r);
     }
     break;
@@ -427,9 +431,8 @@ void px__track_upstream_method(px_session *s, px_chan *c,
       c->track.lost = true;
       break;
     }
-    if (!r.no_ack && r.queue)
-      px__own_want(s);
-    if (!r.no_ack && r.queue)
+    want = !r.no_ack && r.queue;
+    if (want)
       new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
                    px_metrics_queue(s->srv, r.queue),
                    retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
@@ -442,12 +445,13 @@ void px__track_upstream_method(px_session *s, px_chan *c,
       request_free(&r);
     break;
   }
+  return want;
 }
 
 /* basic.deliver, on every delivery: the consumer tag and delivery tag are
  * read straight from the payload; the full decode (exchange, routing key)
  * only for a delivery that will be kept for retry. */
-void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
+bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
   amqp_bytes ctag = amqp_get_shortstr(&r);
   uint64_t tag = amqp_get_u64(&r);
@@ -456,12 +460,12 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   px_consumer *k = r.failed ? NULL : find_consumer(c, ctag);
   if (!k) {
     c->track.lost = true;
-    return;
+    return false;
   }
   if (k->qid < 0) /* a no-wait consumer: the broker delivers, so it exists */
     k->qid = px_metrics_queue(s->srv, k->queue);
   if (k->no_ack)
-    return;
+    return false;
   if (k->gen != s->srv->cfg_gen) { /* reloaded: the new policy decides */
     k->rule = retry_match(&s->srv->cfg->retry, k->queue, strlen(k->queue));
     k->gen = s->srv->cfg_gen;
@@ -469,22 +473,22 @@ void px__track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   if (!k->rule) {
     new_delivery(c, tag, s->srv->cfg_gen, k->qid, NULL, NULL, (amqp_bytes){0},
                  (amqp_bytes){0});
-    return;
+    return false;
   }
   if (amqp_method_decode_flags(payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
       AMQP_OK) {
     c->track.lost = true;
-    return;
+    return false;
   }
-  px__own_want(s);
   new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
                m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
                m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
+  return true; /* kept for retry: rebound's channel is wanted */
 }
 
 /* Everything a channel tracks, when it goes away. */
-void px__track_free(px_session *s, px_chan *c) {
-  px__track_clear(s, c);
+void px_track_free(px_session *s, px_chan *c) {
+  px_track_clear(s, c);
   for (uint32_t i = 0; i < c->track.nconsumers; i++) {
     free(c->track.consumers[i].tag);
     free(c->track.consumers[i].queue);
@@ -499,7 +503,7 @@ void px__track_free(px_session *s, px_chan *c) {
 
 /* ---- publisher confirms of the client's publishes (metrics) ------------- */
 
-void px__track_publish(px_chan *c) {
+void px_track_publish(px_chan *c) {
   px_track *t = &c->track;
   if (!t->confirm)
     return;
@@ -523,7 +527,7 @@ void px__track_publish(px_chan *c) {
 /* The broker's basic.ack/nack on a client channel in confirm mode: every
  * publish up to the tag (RabbitMQ confirms a channel's publishes in
  * order) is confirmed now. */
-void px__track_confirmed(px_session *s, px_chan *c, amqp_bytes payload) {
+void px_track_confirmed(px_session *s, px_chan *c, amqp_bytes payload) {
   px_track *t = &c->track;
   amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
   uint64_t tag = amqp_get_u64(&r);

@@ -110,4 +110,45 @@ static inline const char *px_dl_routing_key(const px_delivery *d) {
   return e + strlen(e) + 1;
 }
 
+/* The tracking of one session's channels (px_track.c). */
+struct px_session;
+struct px_chan;
+
+/* What the client and the broker say about deliveries. Each returns true
+ * when a delivery or a consumer of a queue with a policy appeared (rebound's
+ * channel is wanted). */
+bool px_track_client_method(struct px_session *s, struct px_chan *c,
+                            const amqp_method *m);
+bool px_track_upstream_method(struct px_session *s, struct px_chan *c,
+                              const amqp_method *m);
+void px_track_content(struct px_session *s, struct px_chan *c,
+                      const amqp_frame *f);
+bool px_track_deliver(struct px_session *s, struct px_chan *c,
+                      amqp_bytes payload);
+void px_track_settle(struct px_session *s, struct px_chan *c, uint64_t tag,
+                     bool multiple);
+void px_track_clear(struct px_session *s, struct px_chan *c);
+void px_track_free(struct px_session *s, struct px_chan *c);
+px_delivery *px_track_find(struct px_chan *c, uint64_t tag);
+/* How many of the oldest unsettled entries (holes included) have a tag
+ * <= `tag` (0: all of them). */
+uint32_t px_track_upto(const struct px_chan *c, uint64_t tag);
+/* Index of the entry with `tag` (or of the first after it). */
+uint32_t px_track_index(const struct px_chan *c, uint64_t tag);
+/* Free a delivery and leave a hole for it (no reshuffle: indexes stay
+ * valid until px_track_tidy()). */
+void px_track_forget(struct px_session *s, struct px_chan *c, px_delivery *d);
+/* Pop holes at both ends; squeeze them out when they are too many. */
+void px_track_tidy(struct px_chan *c);
+/* Free a delivery's copies and give its bytes back to the cache bounds
+ * (its tag stays); px_track_forget() also takes it out of the ring. */
+void px_track_release(struct px_session *s, px_delivery *d);
+/* Deliver-to-settle time of a delivery the client settles now. */
+void px_track_observe(struct px_session *s, const px_delivery *d);
+/* confirm.select / basic.publish / the broker's confirms on a client
+ * channel: publish-to-confirm times. */
+void px_track_publish(struct px_chan *c);
+void px_track_confirmed(struct px_session *s, struct px_chan *c,
+                        amqp_bytes payload);
+
 #endif

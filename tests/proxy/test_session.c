@@ -745,6 +745,27 @@ static void test_close_broker_protocol_error(void **state) {
    * (not asserted: see the README's "waits for the broker's close-ok") */
 }
 
+/* The client closed normally (close-ok passed), its socket then fails a
+ * write while rebound answers a malformed broker frame: the session
+ * closes once, counted once, and is freed; it never comes back to life
+ * (no second upstream connect). */
+static void test_close_finishing_write_fails(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  static const uint8_t bad[] = {1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 11, 0x00};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_close(h, H_CLIENT, 0, 200, "bye");
+  h_expect(h, H_BROKER, "ch0 connection.close *");
+  h_close_ok(h, H_BROKER, 0);
+  h_expect(h, H_CLIENT, "ch0 connection.close-ok");
+  h_peer(h, H_CLIENT)->try_write_error = UV_EPIPE; /* the client reset */
+  h_send(h, H_BROKER, bad, sizeof bad);
+  assert_true(h_wait_gone(h, 5000));
+  assert_int_equal(h_peer(h, H_BROKER)->connects, 1);
+  assert_int_equal(total_closes(h), 1);
+  assert_int_equal(h_closes(h, "client closed the connection"), 1);
+}
+
 static void test_close_client_silent_after_error(void **state) {
   static const char *const args[] = {POLICY, NULL};
   static const uint8_t frame[] = {1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 10, 0xAB};
@@ -817,6 +838,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_frame_on_own_channel, teardown),
       cmocka_unit_test_teardown(test_close_second_tune_ok, teardown),
       cmocka_unit_test_teardown(test_close_broker_protocol_error, teardown),
+      cmocka_unit_test_teardown(test_close_finishing_write_fails, teardown),
       cmocka_unit_test_teardown(test_close_client_silent_after_error, teardown),
       cmocka_unit_test_teardown(test_close_drain, teardown),
       cmocka_unit_test_teardown(test_close_drain_in_handshake, teardown),

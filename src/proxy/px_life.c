@@ -1,0 +1,172 @@
+/* px_life.c - a session's lifecycle below its event handlers
+ * (px_life.h). */
+#include <stdio.h>
+
+#include "px_life.h"
+#include "px_log.h"
+#include "px_server.h"
+
+/* The session's timer: its phase's limit passed. */
+static void on_timer(uv_timer_t *t) {
+  px_session *s = t->data;
+  s->hooks->timeout(s);
+}
+
+const char *px_state_name(int state) {
+  static const char *const names[] = {"connecting", "handshake", "open",
+                                      "closing",    "finishing", "closed"};
+  return state >= 0 && state < 6 ? names[state] : "?";
+}
+
+void px_life_set_state(px_session *s, px_state state) {
+  if (s->state == PX_S_CLOSED)
+    return; /* closed is final */
+  px_debug("session_state", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("from", px_state_name(s->state)),
+           PX_S("to", px_state_name(state)));
+  s->state = state;
+}
+
+const char *px_close_phase_name(int phase) {
+  switch (phase) {
+#define PX__PHASE_NAME(id, name, wait)                                         \
+  case PX_PHASE_##id:                                                          \
+    return name;
+    PX_CLOSE_PHASES(PX__PHASE_NAME)
+#undef PX__PHASE_NAME
+  }
+  return "?";
+}
+
+/* How long a phase may last (0: no limit of its own). */
+static uint64_t phase_wait_ms(const px_session *s, px_close_phase phase) {
+  const px_config *cfg = s->srv->cfg;
+  switch (phase) {
+#define PX__PHASE_WAIT(id, name, wait)                                         \
+  case PX_PHASE_##id:                                                          \
+    return (uint64_t)(wait);
+    PX_CLOSE_PHASES(PX__PHASE_WAIT)
+#undef PX__PHASE_WAIT
+  }
+  (void)cfg;
+  return 0;
+}
+
+/* The one place a session changes phase: logged, and the session's timer
+ * set to the new phase's limit (each phase replaces the last one's). */
+void px_life_phase(px_session *s, px_close_phase to) {
+  if (s->phase == PX_PHASE_CLOSED)
+    return; /* closed is final */
+  px_debug("session_close_phase", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("from", px_close_phase_name(s->phase)),
+           PX_S("to", px_close_phase_name(to)));
+  s->phase = (uint8_t)to;
+  uv_timer_stop(&s->timer);
+  uint64_t ms = phase_wait_ms(s, to);
+  if (ms && to != PX_PHASE_CLOSED)
+    uv_timer_start(&s->timer, on_timer, ms, 0);
+}
+
+/* The first reason that applies is the one logged and counted. */
+void px_life_note(px_session *s, px_close_reason reason) {
+  if (!s->close_reason)
+    s->close_reason = reason;
+}
+
+void px_life_release_held(px_session *s, px_chan *c) {
+  if (c->release_queued)
+    return;
+  if (px_ring_reserve(&s->relq, sizeof(px_release), UINT16_MAX + 1u) != 0) {
+    px_life_close(s, PX_CR_OUT_OF_MEMORY);
+    return;
+  }
+  *(px_release *)px_ring_push(&s->relq, sizeof(px_release)) =
+      (px_release){c->client_ch, c->gen};
+  c->release_queued = true;
+}
+
+void px_life_drop_held(px_session *s, px_chan *c) {
+  s->held_bytes -= c->held_bytes;
+  px_chan_drop_held(c); /* reading resumes by the session's pressure check */
+}
+
+void px_life_finishing(px_session *s, px_close_reason reason) {
+  px_life_note(s, reason);
+  px_life_set_state(s, PX_S_FINISHING);
+  px_life_phase(s, PX_PHASE_FINISHING);
+}
+
+/* End the session through `side`: stop reading the other side, flush
+ * what `side` is owed, shut down its write side, then drop its input until
+ * it hangs up (or PX_CLOSE_WAIT_MS). Closing a socket whose peer's data
+ * sits unread makes the kernel reset it and drop what was just written (a
+ * client's close-ok, the ack of an original whose copy is confirmed):
+ * draining first lets the peer read everything. */
+static void linger(px_session *s, px_conn *side) {
+  px_conn_stop_reading(side == &s->client ? &s->upstream : &s->client);
+  px_life_phase(s, PX_PHASE_LINGER);
+  int rc = px_conn_linger(side);
+  if (rc < 0) /* the session handles it as the transport's write error */
+    px_out_transport_error(&s->out, side, rc);
+}
+
+void px_life_release_conn_hold(px_session *s) {
+  if (!s->conn_held)
+    return;
+  s->conn_held = false;
+  px_life_set_state(s, PX_S_CLOSING);
+  px_out_status st = px_out_slice(&s->out, &s->upstream, s->conn_hold.chunk,
+                                  s->conn_hold.ptr, s->conn_hold.len);
+  px_chunk_unref(s->conn_hold.chunk);
+  (void)st; /* a failure is kept: the session closes over it */
+}
+
+void px_life_close_after_flush(px_session *s, px_conn *side,
+                               px_close_reason reason) {
+  px_life_note(s, reason);
+  if (side->connected)
+    linger(s, side);
+  else
+    px_life_close(s, reason);
+}
+
+void px_life_send_close(px_session *s, px_conn *side, uint16_t code,
+                        const char *text, uint16_t class_id,
+                        uint16_t method_id) {
+  if (side == &s->upstream) { /* its write side stays open until the
+                                 broker answers (see await_close_ok()) */
+    s->up_close_sent = true;
+    px_conn_hold_shutdown(side);
+  }
+  px_out_status st =
+      px_out_connection_close(&s->out, side, code, text, class_id, method_id);
+  (void)st; /* a failure is kept: the session closes over it */
+}
+
+void px_life_tell_client(px_session *s, px_close_reason reason) {
+  char text[128];
+  int code = px_close_reply(reason);
+  snprintf(text, sizeof text, "%s - %s", amqp_reply_name(code),
+           px_close_text(reason));
+  px_life_close_client(s, (uint16_t)code, text, 0, 0);
+}
+
+void px_life_close_client(px_session *s, uint16_t code, const char *text,
+                          uint16_t class_id, uint16_t method_id) {
+  if (s->proxy_closing || s->state == PX_S_CLOSED)
+    return;
+  s->proxy_closing = true;
+  px_life_send_close(s, &s->client, code, text, class_id, method_id);
+  px_life_set_state(s, PX_S_CLOSING);
+  px_life_phase(s, PX_PHASE_TELLING_CLIENT);
+}
+
+void px_life_handshake_done(px_session *s) {
+  px_life_phase(s, PX_PHASE_OPEN);
+}
+
+void px_life_close(px_session *s, px_close_reason reason) {
+  px_life_note(s, reason);
+  if (!s->close_req)
+    s->close_req = (uint8_t)reason;
+}

@@ -1,0 +1,56 @@
+/* px_retry.h - the retry path: a client's nack/reject with requeue=1 of a
+ * delivery kept for retry becomes a copy published to its tier (or
+ * dead-letter) queue on rebound's channel, confirmed, and only then the
+ * original acked; what cannot be retried is requeued after the tier delay,
+ * never at once. README, "Retries", is the contract.
+ */
+#ifndef PX_RETRY_H
+#define PX_RETRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "amqp.h"
+#include "px_session.h"
+
+/* A client's nack/reject with requeue=1: PX_FORWARD (nothing to retry),
+ * PX_HOLD (it waits for rebound's channel) or PX_DROP (replaced). */
+int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m);
+/* The same inside a transaction: delayed like any requeue rebound cannot
+ * retry. PX_DROP when it is held back, PX_FORWARD when it goes on as it
+ * is (no intercepted delivery). */
+int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
+
+/* Events of rebound's channel (px_own.c raises them through the session's
+ * hooks): a confirm of copies up to `seq`, a returned copy, the channel
+ * lost (true when the close only showed a queue's type: it reopens at
+ * once), ready again. */
+void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok);
+void px_retry_returned(px_session *s, amqp_bytes routing_key);
+bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
+void px_retry_own_ready(px_session *s);
+/* Reopen rebound's channel at `due_ms` (the loop's clock) through
+ * px_own_reopen(), on the defer timer. */
+void px_retry_reopen_at(px_session *s, uint64_t due_ms);
+/* The broker blocks (or unblocks) the connection rebound's channel is on:
+ * no copy is published meanwhile, copies in flight wait without a
+ * deadline. `which` names the connection for the log. */
+void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
+                      const char *which);
+
+/* Retries to finish before the connection may end: copies in flight or
+ * parked, or requeues waiting for rebound's channel, which is being
+ * opened, to start theirs. */
+bool px_retry_busy(const px_session *s);
+/* No copy is in flight: the parked ones go. false when there was
+ * nothing to send. */
+bool px_retry_unpark(px_session *s);
+void px_retry_free(px_session *s);
+
+/* The retry timer: copies not confirmed in time fall back. */
+void px_retry_deadline(uv_timer_t *timer);
+/* The defer timer: requeues whose delay has passed go to the broker. */
+void px_retry_defer_due(uv_timer_t *timer);
+
+#endif
