@@ -140,7 +140,7 @@ do_stop() {
 }
 
 do_start() {
-    local lpid bpid port dist cookie node i
+    local lpid bpid port dist cookie node i attempt reuse=0
     # Reuse a node already running for DIR (or wait for one that is booting).
     if [ -f "$ENV_FILE" ]; then
         port=$(set +u; . "$ENV_FILE"; echo "$RABBITMQ_NODE_PORT")
@@ -164,6 +164,7 @@ do_start() {
     # A node restarted in its DIR must come back on its port: the port names
     # the node, and the node name its data. Wait for it to be free.
     if [ -n "${port:-}" ]; then
+        reuse=1
         for ((i = 0; i < 150; i++)); do
             port_free "$port" && break
             sleep 0.2
@@ -173,6 +174,8 @@ do_start() {
         port=5672
         port_free "$port" || port=$(free_port)
     fi
+    # Start it; a node that exits while starting gets two more tries.
+    for ((attempt = 1; ; attempt++)); do
     dist=$(free_port)
     while [ "$dist" = "$port" ]; do dist=$(free_port); done
     node=rebound-test-$port@localhost
@@ -243,12 +246,23 @@ EOF
     echo "$lpid" >"$DIR/launcher.pid"
     log "starting $node (amqp $port, dist $dist), state in $DIR"
 
-    if ! wait_up "$port" "$lpid"; then
+    if wait_up "$port" "$lpid"; then
+        break
+    fi
+    if alive "$lpid" || [ "$attempt" -ge 3 ]; then
         log "broker did not come up within ${START_TIMEOUT}s; log tail:"
         tail -n 40 "$DIR"/log/*.log >&2 || true
         do_stop
         exit 1
     fi
+    # It exited while starting (seen when nodes of concurrent tests start at
+    # the same moment): once more, on other ports unless its port names it.
+    log "broker exited while starting (attempt $attempt); log tail:"
+    tail -n 20 "$DIR"/log/*.log >&2 || true
+    do_stop
+    [ "$reuse" = 1 ] || port=$(free_port)
+    sleep 1
+    done
     report "$port"
 }
 
