@@ -95,7 +95,6 @@ int px_conn_accept(px_conn *c, uv_loop_t *loop, uv_stream_t *listener) {
 }
 
 void px_conn_connected(px_conn *c, int status) {
-  c->connect_pending = false;
   if (!c->open)
     return;
   if (status == 0)
@@ -121,10 +120,8 @@ static int tcp_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
 }
 
 int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
-  int rc = c->io->connect(c, loop, sa);
-  if (rc == 0)
-    c->connect_pending = true;
-  return rc; /* on an error an open handle is the owner's to close */
+  /* on an error an open handle is the owner's to close */
+  return c->io->connect(c, loop, sa);
 }
 
 void px_conn_adopt(px_conn *c, const px_conn_io *io) {

@@ -101,7 +101,6 @@ struct px_conn {
   bool hold_shutdown; /* lingering, but the write side stays open */
   bool shut;          /* shutdown issued */
   bool discard;       /* px_conn_stop_writing(): output is dropped */
-  bool connect_pending;
 };
 
 /* Set up a connection that is not open yet. */

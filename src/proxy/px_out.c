@@ -166,19 +166,3 @@ px_out_status px_out_settle(px_out *o, px_conn *sink, uint16_t ch,
   }
   return px_out_method(o, sink, ch, &m);
 }
-
-const char *px_out_status_str(px_out_status st) {
-  switch (st) {
-  case PX_OUT_OK:
-    return "ok";
-  case PX_OUT_NOMEM:
-    return "out of memory";
-  case PX_OUT_ENCODE:
-    return "encode failed";
-  case PX_OUT_FULL:
-    return "output queue full before connect";
-  case PX_OUT_RETRY:
-    return "retry connection write failed";
-  }
-  return "?";
-}

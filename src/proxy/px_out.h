@@ -88,6 +88,5 @@ static inline px_out_status px_out_failed(const px_out *o) {
 /* A write error of `conn` met outside a queue call (a shutdown), kept
  * like one for the session to handle. */
 void px_out_transport_error(px_out *o, px_conn *conn, int err);
-const char *px_out_status_str(px_out_status st);
 
 #endif
