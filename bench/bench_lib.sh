@@ -174,16 +174,22 @@ wait_quiet() {
     echo "# warning: machine busy (${busy} of the CPU) before this round"
 }
 
-describe_machine() {
+# describe_rebound [HOW]: the machine, and which rebound binary runs
+# (HOW: how it was given, when not built from the tree).
+describe_rebound() {
     echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -r), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
     local from
     if [ -n "${REBOUND_BIN:-}" ]; then
-        from="REBOUND_BIN"
+        from=${1:-REBOUND_BIN}
     else
         from="built from the tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
         [ -n "$(git -C "$ROOT" status --porcelain -- src CMakeLists.txt 2>/dev/null)" ] &&
             from="$from + uncommitted changes under src/"
     fi
     echo "# rebound: $REBOUND ($("$REBOUND" --version 2>/dev/null | head -n 1)), $from${REBOUND_ARGS:+, extra flags: $REBOUND_ARGS}"
+}
+
+describe_machine() {
+    describe_rebound
     echo "# $(haproxy -v | head -n 1 | cut -d' ' -f1-3), rabbitmq-server $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '?'), gcc $(gcc -dumpfullversion 2>/dev/null)"
 }

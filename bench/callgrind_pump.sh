@@ -131,15 +131,7 @@ one_run() {
         awk '/:__mem(cpy|move)/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')
 }
 
-echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -r), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-if [ -n "${REBOUND_BIN:-}" ]; then
-    from="--binary"
-else
-    from="built from the tree at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    [ -n "$(git -C "$ROOT" status --porcelain -- src CMakeLists.txt 2>/dev/null)" ] &&
-        from="$from + uncommitted changes under src/"
-fi
-echo "# rebound: $REBOUND ($("$REBOUND" --version 2>/dev/null | head -n 1)), $from"
+describe_rebound --binary
 echo "# $(valgrind --version), gcc $(gcc -dumpfullversion 2>/dev/null)"
 echo "# body $BODY B ($FRAMES_PER_MSG frames a message), N1 $N1, N2 $N2, $REPEAT run(s) each"
 : >"$WORK/results.txt"
