@@ -57,36 +57,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Bytes one input may send again through op 6. */
 #define REPEAT_MAX (24u << 20)
 
-static const char *const args_scripted[] = {"--retry-tiers",
-                                            "2ms,5ms",
-                                            "--max-attempts",
-                                            "3",
-                                            "--retry-confirm-timeout",
-                                            "5ms",
-                                            "--retry-finish-timeout",
-                                            "20ms",
-                                            "--cache-per-connection",
-                                            "256KiB",
-                                            "--cache-total",
-                                            "1MiB",
-                                            "--handshake-timeout",
-                                            "10s",
-                                            NULL};
-static const char *const args_raw[] = {"--retry-tiers",
-                                       "2ms,5ms",
-                                       "--max-attempts",
-                                       "3",
-                                       "--retry-confirm-timeout",
-                                       "5ms",
-                                       "--retry-finish-timeout",
-                                       "20ms",
-                                       "--cache-per-connection",
-                                       "256KiB",
-                                       "--cache-total",
-                                       "1MiB",
-                                       "--handshake-timeout",
-                                       "50ms",
-                                       NULL};
+/* The session's options: short retry timings, small caches; the raw
+ * inputs (no scripted handshake) get a short handshake timeout too. */
+#define FUZZ_ARGS(handshake_timeout)                                           \
+  {                                                                            \
+    "--retry-tiers", "2ms,5ms", "--max-attempts", "3",                         \
+        "--retry-confirm-timeout", "5ms", "--retry-finish-timeout", "20ms",    \
+        "--cache-per-connection", "256KiB", "--cache-total", "1MiB",           \
+        "--handshake-timeout", handshake_timeout, NULL                         \
+  }
+static const char *const args_scripted[] = FUZZ_ARGS("10s");
+static const char *const args_raw[] = FUZZ_ARGS("50ms");
 
 typedef struct fz {
   harness *h;
