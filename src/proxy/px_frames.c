@@ -255,6 +255,7 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
       return PX_HOLD_CONN;
     }
     px_life_set_state(s, PX_S_CLOSING);
+    px_life_upstream_close_sent(s);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the broker's close: it hangs up */
     px_life_finishing(s, PX_CR_BROKER_CLOSED_CONNECTION);
@@ -297,12 +298,6 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
   return PX_FORWARD;
 }
 
-/* rebound ends the broker's side itself: REPLY_SUCCESS, and the reason. */
-static void close_upstream(px_session *s, px_close_reason reason) {
-  px_life_send_close(s, &s->upstream, AMQP_REPLY_SUCCESS, px_close_text(reason),
-                     0, 0);
-}
-
 /* While rebound is closing the client (error, shutdown), only its
  * close-ok matters. */
 static int client_frame_closing(px_session *s, const amqp_frame *f) {
@@ -312,10 +307,10 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
   if (id != AMQP_CONNECTION_CLOSE_OK && id != AMQP_CONNECTION_CLOSE)
     return PX_DROP;
   if (s->draining && s->upstream.connected) {
-    if (s->ops.n > 0) /* copies in flight: their acks first */
+    if (px_retry_busy(s)) /* copies in flight or to go: their acks first */
       s->close_upstream_idle = true;
     else
-      close_upstream(s, PX_CR_SHUTTING_DOWN);
+      px_life_close_upstream(s, PX_CR_SHUTTING_DOWN);
     return PX_DROP; /* the broker's close-ok ends the session */
   }
   px_life_close(s, PX_CR_PROTOCOL_ERROR);
@@ -492,18 +487,14 @@ void px_frames_retry_idle(px_session *s) {
     return;
   if (s->yield_requested && s->own_state == PX_OWN_READY)
     px_own_yield_now(s);
-  bool closing = s->conn_held || s->close_upstream_idle;
   if (s->conn_held)
     px_life_release_conn_hold(s); /* the client's own connection.close */
   if (s->close_upstream_idle) {
     s->close_upstream_idle = false;
-    close_upstream(s, PX_CR_SHUTTING_DOWN);
+    px_life_close_upstream(s, PX_CR_SHUTTING_DOWN);
   }
-  if (s->client_gone) {
-    if (!closing)
-      close_upstream(s, PX_CR_CLIENT_DISCONNECTED);
-    px_life_close_after_flush(s, &s->upstream, PX_CR_CLIENT_DISCONNECTED);
-  }
+  if (s->client_gone)
+    px_life_end_upstream(s, PX_CR_CLIENT_DISCONNECTED);
 }
 
 /* ---- broker -> client -----------------------------------------------------
@@ -535,6 +526,20 @@ static bool broker_quorum_dlx(const amqp_method *m) {
   if (sscanf(v, "%u.%u", &major, &minor) != 2)
     return false;
   return major > 3 || (major == 3 && minor >= 10);
+}
+
+/* connection.blocked or unblocked: it holds rebound's copies too when
+ * they go on the client's connection. */
+static void upstream_blocked(px_session *s, const amqp_frame *f, uint32_t id) {
+  amqp_method m;
+  if ((s->srv->cfg->retry_shared || s->pub_failed) &&
+      amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
+          AMQP_OK)
+    px_retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
+                     id == AMQP_CONNECTION_BLOCKED
+                         ? m.args[AMQP_F_CONNECTION_BLOCKED_REASON].b
+                         : amqp_cstr(""),
+                     "client's upstream connection");
 }
 
 static int upstream_connection_method(px_session *s, const amqp_frame *f,
@@ -573,20 +578,15 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
               PX_B("text", t.ptr, t.len));
     }
     px_life_set_state(s, PX_S_CLOSING);
+    px_life_upstream_answered(s); /* it acts on nothing more */
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
+    px_life_upstream_answered(s);
     px_life_finishing(s, PX_CR_CLIENT_CLOSED_CONNECTION);
     break;
   case AMQP_CONNECTION_BLOCKED:
   case AMQP_CONNECTION_UNBLOCKED:
-    if ((s->srv->cfg->retry_shared || s->pub_failed) &&
-        amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
-            AMQP_OK)
-      px_retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
-                       id == AMQP_CONNECTION_BLOCKED
-                           ? m.args[AMQP_F_CONNECTION_BLOCKED_REASON].b
-                           : amqp_cstr(""),
-                       "client's upstream connection");
+    upstream_blocked(s, f, id);
     break;
   }
   return PX_FORWARD;
@@ -629,9 +629,12 @@ static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
   if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
     return px_own_frame(s, f); /* confirms of copies in flight still count */
-  if (f->type == AMQP_FRAME_METHOD && f->channel == 0 &&
-      (amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE_OK ||
-       amqp_method_peek_id(f->payload) == AMQP_CONNECTION_CLOSE) &&
+  if (f->type != AMQP_FRAME_METHOD || f->channel != 0)
+    return PX_DROP;
+  uint32_t id = amqp_method_peek_id(f->payload);
+  if (id == AMQP_CONNECTION_BLOCKED || id == AMQP_CONNECTION_UNBLOCKED)
+    upstream_blocked(s, f, id); /* copies still to go wait for it */
+  if ((id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE) &&
       s->draining) {
     px_life_close(s, PX_CR_SHUTTING_DOWN);
     return PX_STOP;

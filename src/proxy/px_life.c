@@ -115,6 +115,7 @@ void px_life_release_conn_hold(px_session *s) {
     return;
   s->conn_held = false;
   px_life_set_state(s, PX_S_CLOSING);
+  px_life_upstream_close_sent(s);
   px_out_status st = px_out_slice(&s->out, &s->upstream, s->conn_hold.chunk,
                                   s->conn_hold.ptr, s->conn_hold.len);
   px_chunk_unref(s->conn_hold.chunk);
@@ -130,14 +131,38 @@ void px_life_close_after_flush(px_session *s, px_conn *side,
     px_life_close(s, reason);
 }
 
+void px_life_upstream_close_sent(px_session *s) {
+  if (s->up_end >= PX_UP_CLOSE_SENT)
+    return;
+  s->up_end = PX_UP_CLOSE_SENT;
+  px_conn_hold_shutdown(&s->upstream);
+}
+
+void px_life_upstream_answered(px_session *s) {
+  if (s->up_end == PX_UP_CLOSE_ANSWERED)
+    return;
+  s->up_end = PX_UP_CLOSE_ANSWERED;
+  int rc = px_conn_release_shutdown(&s->upstream);
+  if (rc < 0) /* the session handles it as the transport's write error */
+    px_out_transport_error(&s->out, &s->upstream, rc);
+}
+
+void px_life_close_upstream(px_session *s, px_close_reason reason) {
+  if (s->up_end == PX_UP_OPEN && s->upstream.connected)
+    px_life_send_close(s, &s->upstream, AMQP_REPLY_SUCCESS,
+                       px_close_text(reason), 0, 0);
+}
+
+void px_life_end_upstream(px_session *s, px_close_reason reason) {
+  px_life_close_upstream(s, reason);
+  px_life_close_after_flush(s, &s->upstream, reason);
+}
+
 void px_life_send_close(px_session *s, px_conn *side, uint16_t code,
                         const char *text, uint16_t class_id,
                         uint16_t method_id) {
-  if (side == &s->upstream) { /* its write side stays open until the
-                                 broker answers (see await_close_ok()) */
-    s->up_close_sent = true;
-    px_conn_hold_shutdown(side);
-  }
+  if (side == &s->upstream)
+    px_life_upstream_close_sent(s);
   px_out_status st =
       px_out_connection_close(&s->out, side, code, text, class_id, method_id);
   (void)st; /* a failure is kept: the session closes over it */
@@ -162,6 +187,7 @@ void px_life_close_client(px_session *s, uint16_t code, const char *text,
 }
 
 void px_life_handshake_done(px_session *s) {
+  s->up_end = PX_UP_OPEN;
   px_life_phase(s, PX_PHASE_OPEN);
 }
 

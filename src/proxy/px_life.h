@@ -34,8 +34,21 @@ void px_life_close(px_session *s, px_close_reason reason);
 void px_life_handshake_done(px_session *s);
 /* A close-ok has passed: the session is finishing. */
 void px_life_finishing(px_session *s, px_close_reason reason);
-/* Queue a connection.close for `side` (the broker's side then keeps its
- * write side open until it answers). */
+/* A connection.close is on its way to the broker (rebound's, or the
+ * client's passed on): its write side stays open until the broker
+ * answers (px_up_end). */
+void px_life_upstream_close_sent(px_session *s);
+/* The broker answered it with close-ok (or closed itself): the write side
+ * may be shut down. */
+void px_life_upstream_answered(px_session *s);
+/* An open broker connection that was sent no connection.close yet is
+ * sent one: REPLY_SUCCESS and the reason's text. */
+void px_life_close_upstream(px_session *s, px_close_reason reason);
+/* rebound ends the broker's side: px_life_close_upstream(), then
+ * px_life_close_after_flush() through it. */
+void px_life_end_upstream(px_session *s, px_close_reason reason);
+/* Queue a connection.close for `side` (for the broker's side,
+ * px_life_upstream_close_sent()). */
 void px_life_send_close(px_session *s, px_conn *side, uint16_t code,
                         const char *text, uint16_t class_id,
                         uint16_t method_id);

@@ -455,7 +455,7 @@ static void input_error(px_session *s, px_conn *from, long status) {
 /* A lingering upstream that was sent connection.close: look for its
  * answer; once it came, the write side may be shut down. */
 static void await_close_ok(px_session *s, px_chunk *c) {
-  while (!s->up_close_answered) {
+  while (s->up_end == PX_UP_CLOSE_SENT) {
     amqp_frame f;
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
                               frame_limit(s, &s->upstream), &f);
@@ -469,10 +469,8 @@ static void await_close_ok(px_session *s, px_chunk *c) {
         f.type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f.payload) : 0;
     if (f.channel == 0 &&
         (id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE)) {
-      s->up_close_answered = true;
-      int rc = px_conn_release_shutdown(&s->upstream);
-      if (rc < 0)
-        side_write_failed(s, &s->upstream, rc);
+      px_life_upstream_answered(s);
+      check_out(s); /* a failed shutdown */
     }
   }
 }
@@ -502,10 +500,10 @@ static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
  * what comes after a close-ok is dropped, as the broker does. The client's
  * protocol header comes first. */
 static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
-  if (from == &s->upstream && from->lingering && s->up_close_sent &&
-      !s->up_close_answered) {
+  if (from == &s->upstream && from->lingering &&
+      s->up_end == PX_UP_CLOSE_SENT) {
     await_close_ok(s, c); /* a partial frame stays for the next read */
-    if (!s->up_close_answered)
+    if (s->up_end == PX_UP_CLOSE_SENT || s->state == PX_S_CLOSED)
       return false;
   }
   if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
@@ -607,10 +605,9 @@ static void side_eof(px_session *s, px_conn *side, ssize_t err) {
     if (!clean)
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("error", uv_strerror((int)err)));
-    px_life_close_after_flush(s, &s->upstream,
-                              s->state == PX_S_CLOSING
-                                  ? PX_CR_CLIENT_CLOSED
-                                  : PX_CR_CLIENT_DISCONNECTED);
+    px_life_end_upstream(s, s->state == PX_S_CLOSING
+                                ? PX_CR_CLIENT_CLOSED
+                                : PX_CR_CLIENT_DISCONNECTED);
     return;
   }
   if (s->state == PX_S_CLOSING || s->state == PX_S_CONNECTING ||

@@ -82,6 +82,20 @@ typedef enum px_state {
   PX_S_CLOSED,     /* handles closing */
 } px_state;
 
+/* How the broker's side of the connection ends. RabbitMQ drops what it
+ * has not yet acted on of a connection that hangs up, even one whose
+ * connection.close is still being handled (acks among it: their
+ * deliveries come again), so an open connection ends with
+ * connection.close, and rebound hangs up only once it is answered. */
+typedef enum px_up_end {
+  PX_UP_HANDSHAKE,      /* not open: hanging up is all it takes */
+  PX_UP_OPEN,           /* open: ends with connection.close */
+  PX_UP_CLOSE_SENT,     /* a connection.close went (the client's or rebound's):
+                           the write side stays open for its answer */
+  PX_UP_CLOSE_ANSWERED, /* its close-ok (or the broker's own close) came:
+                           every frame before it was acted on */
+} px_up_end;
+
 /* What to do with a frame just parsed. */
 enum px_action {
   PX_FORWARD,   /* send on, as part of the current run */
@@ -201,9 +215,8 @@ typedef struct px_session {
   bool conn_held;     /* the client's connection.close waits ... */
   px_slice conn_hold; /* ... for the copies in flight */
   bool close_upstream_idle; /* drained: close upstream once idle */
-  bool up_close_sent;       /* rebound sent the broker connection.close */
-  bool up_close_answered;   /* ... and its close-ok (or close) came: the
-                               broker has handled every frame before it */
+  uint8_t up_end;           /* px_up_end: how far the broker's side is in
+                               ending */
 
   px_out out; /* forwarded and generated frames, in order (px_out.h) */
 } px_session;

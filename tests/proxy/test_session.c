@@ -472,13 +472,16 @@ static void gone_as(harness *h, const char *reason) {
   assert_int_equal(h_closes(h, reason), 1);
 }
 
-static void test_close_client_eof(void **state) {
-  static const char *const args[] = {POLICY, NULL};
-  harness *h = start(state, args);
-  h_open(h, 10, 131072);
-  h_eof(h, H_CLIENT, UV_EOF);
+/* The client hangs up: rebound ends the open broker connection with
+ * connection.close and hangs up only once it is answered (px_up_end:
+ * RabbitMQ drops what it has not acted on of a connection that just hangs
+ * up), then waits for the broker's EOF. */
+static void client_leaves_answered(harness *h) {
+  h_expect(h, H_BROKER,
+           "ch0 connection.close code=200 text=\"client disconnected\"");
+  assert_false(h_peer(h, H_BROKER)->shut);
+  h_close_ok(h, H_BROKER, 0);
   h_settle(h);
-  /* the broker's side is flushed and shut down, the session waits for it */
   assert_true(h_peer(h, H_BROKER)->shut);
   assert_non_null(h->s);
   h_eof(h, H_BROKER, UV_EOF);
@@ -487,16 +490,77 @@ static void test_close_client_eof(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+static void client_leaves(harness *h, int err) {
+  h_eof(h, H_CLIENT, err);
+  client_leaves_answered(h);
+}
+
+static void test_close_client_eof(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  client_leaves(h, UV_EOF);
+}
+
 static void test_close_client_reset(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
   h_open(h, 10, 131072);
-  h_eof(h, H_CLIENT, UV_ECONNRESET);
+  client_leaves(h, UV_ECONNRESET);
+}
+
+/* The copy was confirmed and its original acked; then the client hangs up
+ * with nothing in flight. The ack is followed by connection.close, and
+ * the broker's side is shut down only after the close-ok: a bare hang-up
+ * right after the ack loses it, and the original comes again beside its
+ * copy. */
+static void test_close_client_eof_after_ack(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  client_leaves(h, UV_EOF);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
+/* The client hangs up while a copy is in flight: the copy is finished
+ * (confirmed, its original acked) before the broker's side is closed. */
+static void test_close_client_eof_copy_in_flight(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect_none(h, H_BROKER);
+  assert_false(h_peer(h, H_BROKER)->shut);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  client_leaves_answered(h);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
+/* The client's own connection.close passed on, then it hangs up before
+ * the broker's close-ok: the broker's side is not shut down until that
+ * close-ok came, and no second connection.close is sent. */
+static void test_close_client_hangs_up_after_close(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_close(h, H_CLIENT, 0, 200, "Goodbye");
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect(h, H_BROKER, "ch0 connection.close code=200 text=Goodbye");
+  h_expect_none(h, H_BROKER);
+  assert_false(h_peer(h, H_BROKER)->shut);
+  h_close_ok(h, H_BROKER, 0);
   h_settle(h);
   assert_true(h_peer(h, H_BROKER)->shut);
   h_eof(h, H_BROKER, UV_EOF);
-  gone_as(h, "client disconnected");
-  h_expect_none(h, H_BROKER);
+  gone_as(h, "client closed");
+  h_expect_none(h, H_CLIENT);
 }
 
 static void test_close_by_client(void **state) {
@@ -794,6 +858,59 @@ static void test_close_drain(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* Draining while a copy waits to be published (parked behind one in
+ * flight, then held by connection.blocked once that one is confirmed):
+ * the broker is sent connection.close only after the parked copy went,
+ * was confirmed and its original acked, not at the client's close-ok. */
+static void test_close_drain_waits_for_parked(void **state) {
+  static const char *const args[] = {"--retry-queues",
+                                     "q*",
+                                     "--retry-tiers",
+                                     "1s",
+                                     "--max-attempts",
+                                     "3",
+                                     "--retry-confirm-timeout",
+                                     "5s",
+                                     NULL};
+  harness *h = start(state, args);
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_consume(h, 1, 1, "q2", "c2");
+  deliver(h, 1, "hello", 5);
+  h_deliver(h, 1, "c2", 2, NULL, "world", 5);
+  h_skip_until(h, H_CLIENT, "ch1 body len=5");
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5); /* seq 1, to q.retry.1s */
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  h_expect_none(h, H_BROKER); /* q2's tier is declared once seq 1 is done */
+  h_simple(h, H_BROKER, 0, AMQP_CONNECTION_BLOCKED);
+  h_expect(h, H_CLIENT, "ch0 connection.blocked*");
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+
+  px_session_drain(h->s);
+  h_expect(h, H_CLIENT, "ch0 connection.close code=320 *");
+  h_close_ok(h, H_CLIENT, 0);
+  h_expect_none(h, H_BROKER);
+
+  h_simple(h, H_BROKER, 0, AMQP_CONNECTION_UNBLOCKED);
+  expect_line(h, H_BROKER, "ch%u queue.declare queue=q2.retry.1s", h->own_ch);
+  h_skip(h, H_BROKER);
+  h_simple(h, H_BROKER, h->own_ch, AMQP_QUEUE_DECLARE_OK);
+  h_settle(h);
+  h_skip(h, H_BROKER); /* the publish */
+  confirm(h, 2, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_expect(h, H_BROKER,
+           "ch0 connection.close code=200 text=\"rebound shutting down\"");
+  h_close_ok(h, H_BROKER, 0);
+  gone_as(h, "rebound shutting down");
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q2", "1s"), 1);
+}
+
 static void test_close_drain_in_handshake(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
@@ -819,6 +936,10 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
       cmocka_unit_test_teardown(test_close_client_eof, teardown),
       cmocka_unit_test_teardown(test_close_client_reset, teardown),
+      cmocka_unit_test_teardown(test_close_client_eof_after_ack, teardown),
+      cmocka_unit_test_teardown(test_close_client_eof_copy_in_flight, teardown),
+      cmocka_unit_test_teardown(test_close_client_hangs_up_after_close,
+                                teardown),
       cmocka_unit_test_teardown(test_close_by_client, teardown),
       cmocka_unit_test_teardown(test_close_by_broker, teardown),
       cmocka_unit_test_teardown(test_close_broker_lost, teardown),
@@ -841,6 +962,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_finishing_write_fails, teardown),
       cmocka_unit_test_teardown(test_close_client_silent_after_error, teardown),
       cmocka_unit_test_teardown(test_close_drain, teardown),
+      cmocka_unit_test_teardown(test_close_drain_waits_for_parked, teardown),
       cmocka_unit_test_teardown(test_close_drain_in_handshake, teardown),
   };
   h_on_fail(cmocka_fail);

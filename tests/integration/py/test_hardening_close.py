@@ -8,12 +8,18 @@ Each test first checks the broker itself does what it expects (same
 frames, straight to the broker)."""
 import select
 import socket
+import struct
 import time
+
+import pika
 
 import amqp_raw as a
 import fakebroker as fb
+import rbtest
 
 RUNS = 40
+BASIC_DELIVER = (60, 60)
+BASIC_ACK = (60, 80)
 
 
 class Reset(Exception):
@@ -191,3 +197,77 @@ def test_socket_stays_open_after_close_ok(rebound_factory, broker):
     t0 = time.monotonic()
     rb.wait_conn_sockets(0, timeout=5)
     assert time.monotonic() - t0 < 2.0
+
+
+# ---- (e) acks right before the hang-up count --------------------------------
+
+ACKS = 1000
+
+
+def queue_depth(broker, q):
+    """Messages ready in `q` once its consumer is gone (the broker has
+    requeued what the connection left unacked)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+
+        def settled():
+            ok = ch.queue_declare(q, passive=True).method
+            return ok if ok.consumer_count == 0 else None
+        ok = rbtest.wait_until(settled, 20, "the consumer of %s gone" % q)
+        ch.queue_delete(q)
+        return ok.message_count
+    finally:
+        conn.close()
+
+
+def ack_all_then_hang_up(broker, port, q):
+    """Fill `q` with ACKS messages, consume them all over a raw connection
+    through `port`, then in one write ack every one and send
+    connection.close, and hang up at once: nothing waits for close-ok.
+    Returns how many came back (were not acked)."""
+    c = a.RawClient(broker.port)
+    c.handshake()
+    c.open_channel(1)
+    c.send(fb.queue_declare(1, q) + fb.publish(1, q, b"m") * ACKS)
+    c.send(a.connection_close())
+    while c.recv_frame().method != a.CONNECTION_CLOSE_OK:
+        pass  # queue.declare-ok first
+    c.close()
+
+    c = a.RawClient(port)
+    c.handshake()
+    c.open_channel(1)
+    c.send(a.basic_consume(1, q))
+    tags = []
+    while len(tags) < ACKS:
+        f = c.recv_frame()
+        if f.type == a.FRAME_METHOD and f.method == BASIC_DELIVER:
+            # consumer tag (shortstr), then the delivery tag
+            n = f.payload[4]
+            tags.append(struct.unpack(">Q", f.payload[5 + n:13 + n])[0])
+    acks = b"".join(a.method(1, BASIC_ACK, struct.pack(">QB", t, 0))
+                    for t in tags)
+    c.send(acks + a.connection_close())
+    c.sock.shutdown(socket.SHUT_WR)
+    c.close()
+    return queue_depth(broker, q)
+
+
+def test_acks_before_hang_up_count(rebound_factory, broker):
+    """A client acks 1,000 deliveries, sends connection.close and hangs up
+    in the same breath. RabbitMQ drops what it has not yet acted on of a
+    connection that hangs up, acks included (straight to the broker,
+    hundreds of the 1,000 come back: measured, not asserted). rebound ends
+    the broker's side with connection.close and hangs up only once the
+    broker answered it, so every ack counts: the same as for the acks of
+    originals whose retry copy is confirmed, which rebound sends itself."""
+    q = rbtest.uniq("hangup")
+    direct = ack_all_then_hang_up(broker, broker.port, q + "-direct")
+    rb = rebound_factory()
+    for i in range(3):
+        back = ack_all_then_hang_up(broker, rb.port, "%s-%d" % (q, i))
+        assert back == 0, (
+            "run %d: %d of %d acked deliveries came back through rebound "
+            "(straight to the broker: %d)" % (i, back, ACKS, direct))
+    rb.wait_conn_sockets(0)
