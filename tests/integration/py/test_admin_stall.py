@@ -31,8 +31,10 @@ CLOSE_AT = (2, 5, 8, 11)  # ...in waves, after these answers
 # Worst bystander round trip while the admin requests are served. Measured
 # on the 2-core test machine, ASan builds: rebound that answered every
 # pipelined request at once, 1.9-8.3 s (one connection) and 2.5-3.3 s (slow
-# readers); now at most 0.17 s, at a load average of 5.
-WORST_RT_S = 0.5
+# readers); now at most 0.17 s at a load average of 5, and once 0.60 s
+# while the suite's other tests (a three-node cluster among them) loaded
+# both cores and the broker. The bound sits between the two.
+WORST_RT_S = 1.0
 SLOW_READERS = 32
 SLOW_REQUESTS = 12  # pipelined on each slow reader's connection
 SLOW_RATE = 2 * 1024 * 1024  # bytes/s each slow reader takes
