@@ -129,6 +129,11 @@ void px_conn_adopt(px_conn *c, const px_conn_io *io) {
   c->open = c->connected = true;
 }
 
+void px_conn_keepalive(px_conn *c, unsigned secs) {
+  if (c->open && c->io == &tcp_io)
+    uv_tcp_keepalive(&c->tcp, 1, secs);
+}
+
 void px_conn_peer(px_conn *c, char *out, size_t cap) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
@@ -365,6 +370,17 @@ int px_conn_queue(px_conn *c, px_chunk *ch, const uint8_t *p, uint32_t len) {
 int px_conn_queue_copy(px_conn *c, const uint8_t *data, size_t len) {
   if (!c->open || c->discard || len == 0)
     return 0;
+  if (c->nout > 0) { /* the spare room of a chunk only the last slice holds */
+    px_slice *last = &c->out[c->nout - 1];
+    px_chunk *ch = last->chunk;
+    if (ch->refs == 1 && last->ptr + last->len == ch->data + ch->len &&
+        ch->cap - ch->len >= len) {
+      memcpy(ch->data + ch->len, data, len);
+      ch->len += (uint32_t)len;
+      last->len += (uint32_t)len;
+      return 0;
+    }
+  }
   px_chunk *ch = px_chunk_new(len);
   if (!ch)
     return UV_ENOMEM;

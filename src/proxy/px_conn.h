@@ -116,6 +116,9 @@ int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa);
 /* A connection set up by a transport of its own (a test's): open and
  * connected, its io given. */
 void px_conn_adopt(px_conn *c, const px_conn_io *io);
+/* TCP keepalive probes after `secs` idle (plain TCP; other transports
+ * ignore it). */
+void px_conn_keepalive(px_conn *c, unsigned secs);
 /* "ip:port" or "[ip6]:port" of the peer ("?:0" when unknown). */
 void px_conn_peer(px_conn *c, char *out, size_t cap);
 
@@ -139,7 +142,9 @@ int px_conn_keep(px_conn *c, size_t need);
  * when the slice table is full and cannot be flushed (not connected). */
 int px_conn_queue(px_conn *c, px_chunk *ch, const uint8_t *p, uint32_t len)
     __attribute__((warn_unused_result));
-/* Queue a copy of `len` bytes. 0, UV_ENOMEM or UV_ENOBUFS. */
+/* Queue a copy of `len` bytes: in the spare room of the chunk of the last
+ * slice when nothing else holds that chunk (copies queued one after the
+ * other share a chunk), else in a new one. 0, UV_ENOMEM or UV_ENOBUFS. */
 int px_conn_queue_copy(px_conn *c, const uint8_t *data, size_t len)
     __attribute__((warn_unused_result));
 /* Hand what is queued to the transport (nothing before it is connected).

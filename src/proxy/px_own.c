@@ -290,6 +290,11 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
   s->out.pub = NULL;
   s->pub_ready = false;
   own_set(s, PX_OWN_NONE); /* before anything may publish again */
+  bool again =
+      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone;
+  if (again && was_ready) /* first: the copies falling back below must not
+                             open it again at once */
+    s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
   if (own)
     s->hooks->own_lost(s, 0, text);
   s->hooks->blocked(s, false, amqp_cstr(""), "retry connection");
@@ -302,12 +307,8 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
           PX_S("state", was), PX_B("text", text.ptr, text.len),
           PX_S("action", was_ready ? "reconnect after a backoff"
                                    : "copies go on the client's connection"));
-  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
-    if (!was_ready)
-      px_own_open(s);
-    else
-      s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
-  }
+  if (again && !was_ready)
+    px_own_open(s);
   release_own_waiters(s);
   s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */
   s->hooks->flush(s);
@@ -321,10 +322,11 @@ static void pub_open(px_session *s) {
   s->login.timeout_ms = s->srv->cfg->handshake_timeout_ms;
   s->login.peer = s->peer;
   s->pub_ready = false;
-  s->out.pub = s->login_auth ? px_pub_open(s->srv->loop,
-                                           (struct sockaddr *)&s->upstream_sa,
-                                           &s->login, &pub_events, s)
-                             : NULL;
+  s->out.pub =
+      s->login_auth
+          ? px_pub_open(s->srv->loop, (struct sockaddr *)&s->upstream_sa,
+                        s->srv->pub_io, &s->login, &pub_events, s)
+          : NULL;
   if (s->out.pub)
     return;
   s->pub_failed = true;

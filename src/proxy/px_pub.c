@@ -2,8 +2,9 @@
  * (px_pub.h).
  *
  * States: connecting -> handshake (start, tune, open sent in turn) ->
- * open -> closed. Input is parsed from one growable buffer; output is one
- * uv_write per px_pub_write(), copied.
+ * open -> closed. The socket is a px_conn (px_conn.h): frames are parsed
+ * from its read chunk, and what px_pub_write() is given is copied into
+ * its output and flushed at once.
  */
 #define _DEFAULT_SOURCE /* explicit_bzero */
 #include "px_pub.h"
@@ -15,7 +16,6 @@
 /* The largest frame the broker may send here: rebound's own channel only
  * gets confirms, returns (with the returned copy) and closes. */
 #define PUB_FRAME_LIMIT (4u * 1024 * 1024 + 4096)
-#define PUB_READ_MIN 16384
 #define PUB_LOGIN_MAX 65536 /* bytes of mechanism, response, locale, vhost */
 
 /* How long a closing connection waits for the broker's close-ok. */
@@ -30,31 +30,21 @@ typedef enum pub_state {
 } pub_state;
 
 struct px_pub {
-  uv_tcp_t tcp;
+  px_conn conn;
   uv_timer_t close_timer;
-  unsigned handles; /* open: the socket, the timer */
-  uv_connect_t connect_req;
+  unsigned handles; /* open: the connection, the timer */
   pub_state state;
-  bool lost; /* the lost event was sent */
+  bool lost;       /* the lost event was sent */
+  int write_error; /* a write failed at once: reported from the loop */
   const px_pub_events *ev;
   void *ctx;
-  uint8_t *in;
-  size_t in_len, in_cap;
-  size_t pending;
   uint32_t frame_max;
   char name[96];
   uint8_t *login;      /* mechanism, response, locale, vhost back to back */
+  px_chunk *secret;    /* the start-ok as written: wiped once answered */
   px_pub *prev, *next; /* in `closing` while PUB_CLOSING */
   amqp_bytes mechanism, response, locale, vhost;
 };
-
-typedef struct pub_write {
-  uv_write_t req;
-  px_pub *p;
-  size_t len;
-  bool secret; /* the start-ok: wiped once written */
-  uint8_t data[];
-} pub_write;
 
 /* Credentials leave no copy behind in freed memory. */
 static void wipe(void *p, size_t n) {
@@ -70,19 +60,34 @@ static void forget_login(px_pub *p) {
   p->mechanism = p->response = p->locale = p->vhost = (amqp_bytes){NULL, 0};
 }
 
-static void on_closed(uv_handle_t *h) {
-  px_pub *p = h->data;
+/* The start-ok's bytes: wiped, and their chunk given back. */
+static void forget_secret(px_pub *p) {
+  if (!p->secret)
+    return;
+  wipe(p->secret->data, p->secret->len);
+  px_chunk_unref(p->secret);
+  p->secret = NULL;
+}
+
+static void handle_closed(px_pub *p) {
   if (--p->handles)
     return;
-  free(p->in);
+  px_conn_free(&p->conn);
+  forget_secret(p);
   forget_login(p);
   free(p);
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  handle_closed(h->data);
 }
 
 /* Connections saying goodbye (the process is single-threaded). */
 static px_pub *closing;
 
 static void close_now(px_pub *p) {
+  if (p->state == PUB_CLOSED)
+    return;
   if (p->state == PUB_CLOSING) {
     if (p->prev)
       p->prev->next = p->next;
@@ -92,8 +97,9 @@ static void close_now(px_pub *p) {
       p->next->prev = p->prev;
   }
   p->state = PUB_CLOSED;
-  uv_close((uv_handle_t *)&p->tcp, on_closed);
-  uv_close((uv_handle_t *)&p->close_timer, on_closed);
+  forget_secret(p);
+  px_conn_close(&p->conn); /* the closed event frees it with the timer */
+  uv_close((uv_handle_t *)&p->close_timer, on_timer_closed);
 }
 
 static void fail(px_pub *p, const char *why, amqp_bytes text);
@@ -101,14 +107,17 @@ static void fail(px_pub *p, const char *why, amqp_bytes text);
 /* The timer: the login's deadline, then the wait for close-ok. */
 static void on_timer(uv_timer_t *t) {
   px_pub *p = t->data;
-  if (p->state == PUB_CLOSING)
+  if (p->write_error && p->state == PUB_CLOSING)
+    close_now(p);
+  else if (p->write_error)
+    fail(p, "write failed", amqp_cstr(uv_strerror(p->write_error)));
+  else if (p->state == PUB_CLOSING)
     close_now(p);
   else if (p->state == PUB_CONNECTING || p->state == PUB_HANDSHAKE)
     fail(p, "login timed out", amqp_cstr(""));
 }
 
-static int write_method(px_pub *p, uint16_t ch, const amqp_method *m,
-                        bool secret);
+static int write_method(px_pub *p, uint16_t ch, const amqp_method *m);
 
 /* An open connection says goodbye (connection.close, then close-ok or
  * PUB_CLOSE_WAIT_MS), so the broker logs no "unexpectedly closed"; any
@@ -122,7 +131,7 @@ void px_pub_close(px_pub *p) {
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u = AMQP_REPLY_SUCCESS;
   m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b =
       amqp_cstr("rebound: the client connection ended");
-  if (p->state != PUB_OPEN || p->lost || write_method(p, 0, &m, false) != 0) {
+  if (p->state != PUB_OPEN || p->lost || write_method(p, 0, &m) != 0) {
     close_now(p);
     return;
   }
@@ -141,7 +150,7 @@ void px_pub_close_all(void) {
 }
 
 size_t px_pub_pending(const px_pub *p) {
-  return p->pending;
+  return px_conn_pending(&p->conn);
 }
 
 /* Tell the owner once; it closes. */
@@ -152,55 +161,33 @@ static void fail(px_pub *p, const char *why, amqp_bytes text) {
   p->ev->lost(p->ctx, why, text);
 }
 
-static void on_write(uv_write_t *req, int status) {
-  pub_write *w = (pub_write *)req;
-  px_pub *p = w->p;
-  p->pending -= w->len;
-  if (w->secret)
-    wipe(w->data, w->len);
-  free(w);
-  if (status < 0 && p->state == PUB_CLOSING)
-    close_now(p);
-  else if (status < 0 && p->state != PUB_CLOSED)
-    fail(p, "write failed", amqp_cstr(uv_strerror(status)));
-}
-
-static int pub_write_frame(px_pub *p, const uint8_t *data, size_t len,
-                           bool secret);
-
-int px_pub_write(px_pub *p, const uint8_t *data, size_t len) {
-  return pub_write_frame(p, data, len, false);
-}
-
-static int pub_write_frame(px_pub *p, const uint8_t *data, size_t len,
-                           bool secret) {
-  if (p->state == PUB_CLOSED || p->state == PUB_CONNECTING ||
-      (p->state == PUB_CLOSING && p->ev))
+/* Hand what is queued to the socket. A write that fails at once is
+ * reported from the loop, as one failing later is, never from inside the
+ * owner's px_pub_write(). -1 only when out of memory. */
+static int flush(px_pub *p) {
+  int rc = px_conn_flush(&p->conn);
+  if (rc == UV_ENOMEM)
     return -1;
-  pub_write *w = malloc(sizeof *w + len);
-  if (!w)
-    return -1;
-  w->p = p;
-  w->len = len;
-  w->secret = secret;
-  memcpy(w->data, data, len);
-  uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)len);
-  if (uv_write(&w->req, (uv_stream_t *)&p->tcp, &b, 1, on_write) != 0) {
-    free(w);
-    return -1;
+  if (rc < 0 && !p->write_error) {
+    p->write_error = rc;
+    uv_timer_start(&p->close_timer, on_timer, 0, 0);
   }
-  p->pending += len;
   return 0;
 }
 
-static int write_method(px_pub *p, uint16_t ch, const amqp_method *m,
-                        bool secret) {
-  uint8_t buf[PUB_LOGIN_MAX + 1024];
+int px_pub_write(px_pub *p, const uint8_t *data, size_t len) {
+  if (p->state == PUB_CLOSED || p->state == PUB_CONNECTING ||
+      (p->state == PUB_CLOSING && p->ev))
+    return -1;
+  if (px_conn_queue_copy(&p->conn, data, len) != 0)
+    return -1;
+  return flush(p);
+}
+
+static int write_method(px_pub *p, uint16_t ch, const amqp_method *m) {
+  uint8_t buf[1024];
   long n = amqp_method_frame_write(buf, sizeof buf, ch, m);
-  int rc = n < 0 ? -1 : pub_write_frame(p, buf, (size_t)n, secret);
-  if (secret)
-    wipe(buf, sizeof buf);
-  return rc;
+  return n < 0 ? -1 : px_pub_write(p, buf, (size_t)n);
 }
 
 /* ---- handshake ---------------------------------------------------------
@@ -233,7 +220,16 @@ static int send_start_ok(px_pub *p) {
   m.args[AMQP_F_CONNECTION_START_OK_MECHANISM].b = p->mechanism;
   m.args[AMQP_F_CONNECTION_START_OK_RESPONSE].b = p->response;
   m.args[AMQP_F_CONNECTION_START_OK_LOCALE].b = p->locale;
-  return write_method(p, 0, &m, true);
+  /* a chunk of its own, kept until the broker answered, then wiped */
+  px_chunk *c = px_chunk_new(PUB_LOGIN_MAX + 1024);
+  if (!c)
+    return -1;
+  long n = amqp_method_frame_write(c->data, c->cap, 0, &m);
+  c->len = n < 0 ? 0 : (uint32_t)n;
+  p->secret = c;
+  if (n < 0 || px_conn_queue(&p->conn, c, c->data, c->len) != 0)
+    return -1;
+  return flush(p);
 }
 
 static int send_tune_ok_open(px_pub *p, const amqp_method *tune) {
@@ -244,11 +240,11 @@ static int send_tune_ok_open(px_pub *p, const amqp_method *tune) {
   m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u =
       offer && offer < p->frame_max ? offer : p->frame_max;
   m.args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u = 0;
-  if (write_method(p, 0, &m, false) != 0)
+  if (write_method(p, 0, &m) != 0)
     return -1;
   amqp_method_init(&m, AMQP_CONNECTION_OPEN);
   m.args[AMQP_F_CONNECTION_OPEN_VIRTUAL_HOST].b = p->vhost;
-  return write_method(p, 0, &m, false);
+  return write_method(p, 0, &m);
 }
 
 /* A method on channel 0. */
@@ -268,6 +264,7 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
     fail(p, "the broker asks for a challenge response", amqp_cstr(""));
     return;
   case AMQP_CONNECTION_TUNE:
+    forget_secret(p); /* the broker has read the start-ok */
     rc = send_tune_ok_open(p, &m);
     break;
   case AMQP_CONNECTION_OPEN_OK:
@@ -284,7 +281,7 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
     return;
   case AMQP_CONNECTION_CLOSE:
     amqp_method_init(&m, AMQP_CONNECTION_CLOSE_OK);
-    write_method(p, 0, &m, false);
+    write_method(p, 0, &m);
     amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
     fail(p, "the broker closed it",
          m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b);
@@ -299,97 +296,91 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
 /* ---- input -------------------------------------------------------------
  */
 
-/* Closing: the broker's close-ok (or its own close) ends it. */
-static void parse_closing(px_pub *p) {
-  size_t off = 0;
-  amqp_frame f;
-  long n;
-  while ((n = amqp_frame_parse(p->in + off, p->in_len - off, PUB_FRAME_LIMIT,
-                               &f)) > 0) {
-    off += (size_t)n;
-    uint32_t id =
-        f.type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f.payload) : 0;
-    if (f.channel == 0 &&
-        (id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE)) {
-      close_now(p);
-      return;
-    }
-  }
-  if (n != AMQP_PARTIAL) {
+/* Closing: only the broker's close-ok (or its own close) matters. */
+static void frame_closing(px_pub *p, const amqp_frame *f) {
+  uint32_t id =
+      f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
+  if (f->channel == 0 &&
+      (id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE))
     close_now(p);
-    return;
-  }
-  memmove(p->in, p->in + off, p->in_len - off);
-  p->in_len -= off;
 }
 
-static void parse(px_pub *p) {
-  size_t off = 0;
-  if (p->state == PUB_CLOSING) {
-    parse_closing(p);
+static void frame_open(px_pub *p, const amqp_frame *f) {
+  if (f->type == AMQP_FRAME_HEARTBEAT)
     return;
-  }
-  while (p->ev && !p->lost) {
+  if (f->channel == 0 && f->type == AMQP_FRAME_METHOD)
+    connection_method(p, f);
+  else if (f->channel != 0 && p->state == PUB_OPEN)
+    p->ev->frame(p->ctx, f);
+}
+
+/* Every whole frame read, in order; the chunk keeps a partial one (and
+ * grows to hold it). */
+static void on_data(void *ctx, px_conn *c, size_t nread) {
+  px_pub *p = ctx;
+  px_chunk *in = px_conn_input(c);
+  (void)nread;
+  while (p->state != PUB_CLOSED &&
+         (p->state == PUB_CLOSING || (p->ev && !p->lost))) {
     amqp_frame f;
-    long n =
-        amqp_frame_parse(p->in + off, p->in_len - off, PUB_FRAME_LIMIT, &f);
+    long n = amqp_frame_parse(in->data + in->off, in->len - in->off,
+                              PUB_FRAME_LIMIT, &f);
     if (n == AMQP_PARTIAL)
       break;
     if (n < 0) {
-      fail(p, "the broker sent a bad frame",
-           amqp_cstr(amqp_status_str((int)n)));
+      in->off = in->len;
+      if (p->state == PUB_CLOSING)
+        close_now(p);
+      else
+        fail(p, "the broker sent a bad frame",
+             amqp_cstr(amqp_status_str((int)n)));
       return;
     }
-    off += (size_t)n;
-    if (f.type == AMQP_FRAME_HEARTBEAT)
-      continue;
-    if (f.channel == 0 && f.type == AMQP_FRAME_METHOD)
-      connection_method(p, &f);
-    else if (f.channel != 0 && p->state == PUB_OPEN)
-      p->ev->frame(p->ctx, &f);
+    in->off += (uint32_t)n;
+    if (p->state == PUB_CLOSING)
+      frame_closing(p, &f);
+    else
+      frame_open(p, &f);
   }
   if (p->state == PUB_CLOSED)
     return;
-  memmove(p->in, p->in + off, p->in_len - off);
-  p->in_len -= off;
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  px_pub *p = h->data;
-  (void)suggested;
-  if (p->in_cap - p->in_len < PUB_READ_MIN &&
-      p->in_cap < PUB_FRAME_LIMIT + PUB_READ_MIN) {
-    size_t cap = p->in_cap ? p->in_cap * 2 : PUB_READ_MIN * 2;
-    uint8_t *in = realloc(p->in, cap);
-    if (in) {
-      p->in = in;
-      p->in_cap = cap;
-    }
+  size_t need = 0;
+  if (in->len - in->off >= AMQP_FRAME_HEADER_SIZE) {
+    amqp_reader r = amqp_reader_make(in->data + in->off + 3, 4);
+    need = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
+    if (need > PUB_FRAME_LIMIT)
+      need = 0; /* the parser refuses it on the next read */
   }
-  *buf =
-      uv_buf_init((char *)p->in + p->in_len, (unsigned)(p->in_cap - p->in_len));
+  if (px_conn_keep(c, need) != 0)
+    fail(p, "out of memory", amqp_cstr(""));
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  px_pub *p = st->data;
-  (void)buf;
-  if (p->state == PUB_CLOSED || nread == 0)
-    return;
-  if (nread < 0 && p->state == PUB_CLOSING) {
+static void on_eof(void *ctx, px_conn *c, int err) {
+  px_pub *p = ctx;
+  (void)c;
+  if (p->state == PUB_CLOSING)
     close_now(p);
-    return;
-  }
-  if (nread < 0) {
-    fail(p, nread == UV_EOF ? "the broker closed it" : "read failed",
-         amqp_cstr(nread == UV_EOF ? "" : uv_strerror((int)nread)));
-    return;
-  }
-  p->in_len += (size_t)nread;
-  parse(p);
+  else if (p->state != PUB_CLOSED)
+    fail(p, err == UV_EOF ? "the broker closed it" : "read failed",
+         amqp_cstr(err == UV_EOF ? "" : uv_strerror(err)));
 }
 
-static void on_connect(uv_connect_t *req, int status) {
-  px_pub *p = req->data;
+static void on_write_failed(void *ctx, px_conn *c, int err) {
+  px_pub *p = ctx;
+  (void)c;
+  if (p->state == PUB_CLOSING)
+    close_now(p);
+  else if (p->state != PUB_CLOSED)
+    fail(p, "write failed", amqp_cstr(uv_strerror(err)));
+}
+
+static void on_written(void *ctx, px_conn *c) {
+  (void)ctx;
+  (void)c;
+}
+
+static void on_connected(void *ctx, px_conn *c, int status) {
+  px_pub *p = ctx;
   if (p->state == PUB_CLOSED || p->state == PUB_CLOSING)
     return;
   if (status < 0) {
@@ -397,13 +388,19 @@ static void on_connect(uv_connect_t *req, int status) {
     return;
   }
   p->state = PUB_HANDSHAKE;
-  uv_tcp_nodelay(&p->tcp, 1);
-  uv_tcp_keepalive(&p->tcp, 1, 30);
-  static const uint8_t header[] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
-  if (px_pub_write(p, header, sizeof header) != 0 ||
-      uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read) != 0)
+  px_conn_keepalive(c, 30);
+  px_conn_read(c);
+  if (px_pub_write(p, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE) != 0)
     fail(p, "out of memory", amqp_cstr(""));
 }
+
+static void on_closed(void *ctx, px_conn *c) {
+  (void)c;
+  handle_closed(ctx);
+}
+
+static const px_conn_events conn_events = {
+    on_data, on_eof, on_write_failed, on_written, on_connected, on_closed};
 
 /* Copy the login fields into one allocation. */
 static int keep_login(px_pub *p, const px_pub_login *l) {
@@ -424,24 +421,29 @@ static int keep_login(px_pub *p, const px_pub_login *l) {
 }
 
 px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
-                    const px_pub_login *login, const px_pub_events *ev,
-                    void *ctx) {
+                    const px_conn_io *io, const px_pub_login *login,
+                    const px_pub_events *ev, void *ctx) {
   px_pub *p = calloc(1, sizeof *p);
-  if (!p || keep_login(p, login) != 0 || uv_tcp_init(loop, &p->tcp) != 0) {
+  if (!p || keep_login(p, login) != 0) {
     if (p)
       free(p->login);
     free(p);
     return NULL;
   }
+  px_conn_init(&p->conn, "retry", &conn_events, p);
+  if (io)
+    p->conn.io = io;
   uv_timer_init(loop, &p->close_timer);
+  p->close_timer.data = p;
   p->handles = 2;
-  p->tcp.data = p->close_timer.data = p;
   p->ev = ev;
   p->ctx = ctx;
   p->frame_max = login->frame_max;
   snprintf(p->name, sizeof p->name, "rebound retries for %s", login->peer);
-  p->connect_req.data = p;
-  if (uv_tcp_connect(&p->connect_req, &p->tcp, addr, on_connect) != 0) {
+  int rc = px_conn_connect(&p->conn, loop, addr);
+  if (rc != 0) {
+    if (!p->conn.open)
+      p->handles--; /* no handle to close */
     close_now(p);
     return NULL;
   }

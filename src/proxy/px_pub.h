@@ -28,6 +28,7 @@
 #include <uv.h>
 
 #include "amqp.h"
+#include "px_conn.h"
 
 typedef struct px_pub px_pub;
 
@@ -55,12 +56,14 @@ typedef struct px_pub_login {
   const char *peer;    /* the client, for the connection's name */
 } px_pub_login;
 
-/* Connect to `addr` and log in, within login->timeout_ms. The login's
- * bytes are copied, and wiped once logged in or closed. NULL when out of
- * memory or the socket cannot be set up (nothing to close then). */
+/* Connect to `addr` over `io` (NULL: plain TCP; px_conn.h) and log in,
+ * within login->timeout_ms. The login's bytes are copied, and wiped once
+ * logged in or closed; so is the start-ok frame once the broker answered
+ * it. NULL when out of memory or the connection cannot be set up (nothing
+ * is left for the caller to close). */
 px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
-                    const px_pub_login *login, const px_pub_events *ev,
-                    void *ctx);
+                    const px_conn_io *io, const px_pub_login *login,
+                    const px_pub_events *ev, void *ctx);
 
 /* Queue bytes (whole frames) for the broker. 0, or -1 when out of memory
  * or the connection is closing. */

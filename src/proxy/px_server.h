@@ -96,6 +96,8 @@ typedef struct px_server {
   struct px_session *sessions; /* doubly linked */
   /* a session was freed (px_server_start() sets it; NULL: nothing to do) */
   void (*session_gone)(struct px_server *srv);
+  /* the transport of the retry connections (NULL: plain TCP; a test's) */
+  const struct px_conn_io *pub_io;
   uint64_t next_id;
   bool draining;
   bool stopped; /* px_server_stop has run */

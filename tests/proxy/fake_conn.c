@@ -5,8 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool finish_close(fake_conn *f);
+
 static fake_conn *of(px_conn *c) {
   fake_conn *f = (fake_conn *)(void *)c->io; /* io is the first member */
+  if (f->active && f->conn != c && f->close_pending)
+    finish_close(f); /* another connection takes over the peer (a retry
+                        connection opened again): the old one's close
+                        comes first */
   f->conn = c;
   f->active = true;
   return f;
@@ -236,27 +242,31 @@ static bool feed(fake_conn *f) {
   return did;
 }
 
+/* The pending close: as libuv, writes and a connect in progress are
+ * cancelled, then the close callback (the connection may be freed inside
+ * it, or connect again: the next upstream). */
+static bool finish_close(fake_conn *f) {
+  px_conn *c = f->conn;
+  complete_writes(f, UV_ECANCELED);
+  if (f->connect_pending) {
+    f->connect_pending = false;
+    px_conn_connected(c, UV_ECANCELED);
+  }
+  f->shutdown_pending = false;
+  f->close_pending = false;
+  f->active = false;
+  f->reading = false;
+  f->closes++;
+  drop_input(f);
+  px_conn_closed(c);
+  return true;
+}
+
 bool fake_step(fake_conn *f) {
   if (!f->active)
     return false;
-  if (f->close_pending) {
-    /* as libuv: writes and a connect in progress are cancelled, then the
-     * close callback; the connection may be freed inside it */
-    px_conn *c = f->conn;
-    complete_writes(f, UV_ECANCELED);
-    if (f->connect_pending) {
-      f->connect_pending = false;
-      px_conn_connected(c, UV_ECANCELED);
-    }
-    f->shutdown_pending = false;
-    f->close_pending = false;
-    f->active = false;
-    f->reading = false;
-    f->closes++;
-    drop_input(f);
-    px_conn_closed(c); /* may connect again (the next upstream) */
-    return true;
-  }
+  if (f->close_pending)
+    return finish_close(f);
   bool did = false;
   if (f->connect_pending) {
     f->connect_pending = false;

@@ -48,7 +48,8 @@ static px_log_level test_log_level(void) {
  * events and the loop has no handle left (its timers closed). */
 static void check_gone(harness *h) {
   fake_conn *c = &h->peer[H_CLIENT], *u = &h->peer[H_BROKER];
-  if (h->s && c->closes && !c->active && !u->active &&
+  fake_conn *p = &h->peer[H_PUB];
+  if (h->s && c->closes && !c->active && !u->active && !p->active &&
       (u->connects == 0 || u->closes) && !uv_loop_alive(&h->loop))
     h->s = NULL;
 }
@@ -88,6 +89,8 @@ harness *h_new(const char *const *args) {
   h->srv.started_ms = uv_now(&h->loop);
   fake_init(&h->peer[H_CLIENT], "client");
   fake_init(&h->peer[H_BROKER], "broker");
+  fake_init(&h->peer[H_PUB], "retry");
+  h->srv.pub_io = fake_io(&h->peer[H_PUB]);
   h->s = px_session_new(&h->srv, fake_io(&h->peer[H_CLIENT]),
                         fake_io(&h->peer[H_BROKER]));
   if (!h->s)
@@ -99,6 +102,7 @@ bool h_step(harness *h) {
   uv_run(&h->loop, UV_RUN_NOWAIT);
   bool did = fake_step(&h->peer[H_CLIENT]);
   did |= fake_step(&h->peer[H_BROKER]);
+  did |= fake_step(&h->peer[H_PUB]);
   check_gone(h);
   return did;
 }
@@ -106,7 +110,7 @@ bool h_step(harness *h) {
 void h_settle(harness *h) {
   for (int i = 0; i < 100000; i++) {
     if (!h_step(h) && !fake_busy(&h->peer[H_CLIENT]) &&
-        !fake_busy(&h->peer[H_BROKER])) {
+        !fake_busy(&h->peer[H_BROKER]) && !fake_busy(&h->peer[H_PUB])) {
       uv_run(&h->loop, UV_RUN_NOWAIT); /* close callbacks */
       check_gone(h);
       return;
@@ -171,14 +175,18 @@ void h_free(harness *h) {
     if (!h_wait_gone(h, 10000))
       FAIL("the session is not freed after px_session_close");
   }
-  for (int i = 0; i < 4; i++)
+  px_pub_close_all(); /* a retry connection still saying goodbye */
+  for (int i = 0; i < 4; i++) {
     uv_run(&h->loop, UV_RUN_NOWAIT);
+    fake_step(&h->peer[H_PUB]);
+  }
   if (uv_loop_close(&h->loop) != 0)
     FAIL("handles left on the loop after the session was freed");
   px_metrics_free(&h->srv);
   px_server_free(&h->srv);
   fake_free(&h->peer[H_CLIENT]);
   fake_free(&h->peer[H_BROKER]);
+  fake_free(&h->peer[H_PUB]);
   for (unsigned i = 0; i < h->nbufs; i++) {
     hb_free(h->bufs[i]);
     free(h->bufs[i]);
@@ -472,6 +480,34 @@ uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
   return h->own_ch;
 }
 
+uint16_t h_pub_open(harness *h) {
+  char line[512];
+  unsigned n = 0;
+  h_expect(h, H_PUB, "protocol-header");
+  send_handshake(h, H_PUB, 1, 0, 0);
+  h_expect(h, H_PUB, "ch0 connection.start-ok*");
+  send_handshake(h, H_PUB, 3, 2047, h->frame_max);
+  snprintf(line, sizeof line,
+           "ch0 connection.tune-ok channel-max=1 frame-max=%u heartbeat=0",
+           (unsigned)h->frame_max);
+  h_expect(h, H_PUB, line);
+  h_expect(h, H_PUB, "ch0 connection.open*");
+  send_handshake(h, H_PUB, 6, 0, 0);
+  h_settle(h);
+  if (!h_next(h, H_PUB, line, sizeof line, NULL, NULL) ||
+      sscanf(line, "ch%u channel.open", &n) != 1 ||
+      !strstr(line, "channel.open"))
+    FAIL("rebound's channel.open expected on the retry connection, got '%s'",
+         line);
+  h->own_ch = (uint16_t)n;
+  h_simple(h, H_PUB, h->own_ch, AMQP_CHANNEL_OPEN_OK);
+  snprintf(line, sizeof line, "ch%u confirm.select", n);
+  h_expect(h, H_PUB, line);
+  h_simple(h, H_PUB, h->own_ch, AMQP_CONFIRM_SELECT_OK);
+  h_expect_none(h, H_PUB);
+  return h->own_ch;
+}
+
 void h_channel(harness *h, uint16_t ch, uint16_t up) {
   char line[64];
   h_simple(h, H_CLIENT, ch, AMQP_CHANNEL_OPEN);
@@ -702,7 +738,9 @@ bool h_next(harness *h, h_side side, char *line, size_t cap,
 }
 
 static const char *side_name(h_side side) {
-  return side == H_CLIENT ? "the client" : "the broker";
+  return side == H_CLIENT   ? "the client"
+         : side == H_BROKER ? "the broker"
+                            : "the retry connection's broker";
 }
 
 static bool matches(const char *pattern, const char *line) {

@@ -42,6 +42,8 @@
 typedef enum h_side {
   H_CLIENT, /* the client peer: what it sends, what it received */
   H_BROKER, /* the broker peer */
+  H_PUB,    /* the broker at the other end of the retry connection
+               (--retry-connection separate, px_pub.h) */
 } h_side;
 
 /* A growable byte buffer of frames. */
@@ -55,9 +57,10 @@ typedef struct harness {
   px_config cfg;
   px_server srv;
   px_session *s;     /* NULL once the session has been freed */
-  fake_conn peer[2]; /* H_CLIENT, H_BROKER */
-  size_t rd[2];      /* bytes of each side's log already read */
-  uint16_t own_ch;   /* rebound's channel after h_open() (0: none) */
+  fake_conn peer[3]; /* H_CLIENT, H_BROKER, H_PUB */
+  size_t rd[3];      /* bytes of each side's log already read */
+  uint16_t own_ch;   /* rebound's channel after h_open() or h_pub_open()
+                        (0: none) */
   uint16_t channel_max;
   uint32_t frame_max;
   hbuf *bufs[32]; /* h_buf(): freed with the harness */
@@ -140,6 +143,11 @@ void h_deliver(harness *h, uint16_t ch, const char *ctag, uint64_t tag,
  * confirm.select, answered). Returns rebound's channel number (0: none)
  * and sets h->own_ch. The broker says it is RabbitMQ 3.10.8. */
 uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max);
+/* --retry-connection separate: the retry connection's handshake, checked
+ * on H_PUB (rebound logs in with the client's start-ok, channel-max 1,
+ * no heartbeat), then rebound's channel there (channel.open,
+ * confirm.select), answered. Sets and returns h->own_ch. */
+uint16_t h_pub_open(harness *h);
 /* The same frames without checking anything (for the fuzz target). */
 void h_open_unchecked(harness *h, uint16_t channel_max, uint32_t frame_max);
 /* The client opens channel `ch`; the broker must see channel.open on
