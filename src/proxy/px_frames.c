@@ -482,6 +482,11 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
   return PX_FORWARD;
 }
 
+bool px_frames_awaits_idle(const px_session *s) {
+  return s->conn_held || s->close_upstream_idle || s->client_gone ||
+         s->yield_requested;
+}
+
 void px_frames_retry_idle(px_session *s) {
   if (s->state == PX_S_CLOSED)
     return;

@@ -38,5 +38,7 @@ int px_frames_upstream_error(px_session *s, const char *what);
  * rebound's channel, the client's held connection.close, a shutdown's
  * close of the upstream, the end of a session whose client left). */
 void px_frames_retry_idle(px_session *s);
+/* Does anything wait for that? */
+bool px_frames_awaits_idle(const px_session *s);
 
 #endif

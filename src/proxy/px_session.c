@@ -384,8 +384,7 @@ static void after_event(px_session *s) {
     if (s->state == PX_S_CLOSED || !px_retry_unpark(s) || !s->relq.n)
       break;
   }
-  if (s->idle_due && !s->conn_held && !s->close_upstream_idle &&
-      !s->client_gone && !s->yield_requested)
+  if (s->idle_due && !px_frames_awaits_idle(s))
     s->idle_due = false; /* nothing waits for the retries */
   if (s->state != PX_S_CLOSED && s->idle_due && !px_retry_busy(s)) {
     s->idle_due = false;

@@ -592,6 +592,57 @@ static void test_close_by_broker(void **state) {
   gone_as(h, "broker closed the connection");
 }
 
+/* The broker hangs up instead of answering the client's connection.close:
+ * the client's side is flushed, shut down, and its EOF ends it. */
+static void test_close_broker_hangs_up_on_close(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_close(h, H_CLIENT, 0, 200, "Goodbye");
+  h_expect(h, H_BROKER, "ch0 connection.close code=200 text=Goodbye");
+  h_eof(h, H_BROKER, UV_EOF);
+  h_settle(h);
+  assert_true(h_peer(h, H_CLIENT)->shut);
+  h_expect_none(h, H_CLIENT);
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "broker closed");
+}
+
+/* The client hangs up with a copy in flight that the broker never
+ * confirms: after --retry-finish-timeout the session ends, the reason
+ * saying so, and nothing more reaches the broker (the broker requeues the
+ * unsettled original when the connection goes). */
+static void test_close_client_gone_copy_never_confirmed(void **state) {
+  static const char *const args[] = {POLICY,  "--retry-confirm-timeout",
+                                     "10s",   "--retry-finish-timeout",
+                                     "100ms", NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_eof(h, H_CLIENT, UV_EOF);
+  gone_as(h, "client disconnected (retries pending timed out)");
+  h_expect_none(h, H_BROKER);
+}
+
+/* ... and the same when the client's death showed as a failed write: the
+ * reason names the failed write. */
+static void test_close_client_write_failed_copy_never_confirmed(void **state) {
+  static const char *const args[] = {POLICY,  "--retry-confirm-timeout",
+                                     "10s",   "--retry-finish-timeout",
+                                     "100ms", NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_peer(h, H_CLIENT)->try_write_error = UV_EPIPE;
+  h_deliver(h, 1, "c1", 2, NULL, "again", 5); /* its write fails */
+  h_settle(h);
+  h_eof(h, H_CLIENT, UV_ECONNRESET);
+  gone_as(h, "client write failed (retries pending timed out)");
+  h_expect_none(h, H_BROKER);
+}
+
 static void test_close_broker_lost(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
@@ -921,6 +972,83 @@ static void test_close_drain_in_handshake(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* ---- 7b. the retry connection (--retry-connection separate) ------------- */
+
+#define SEPARATE POLICY, "--retry-connection", "separate"
+
+/* An open connection, channel 1 consuming from q, one delivery kept, and
+ * the retry connection that delivery opened, logged in. */
+static void consuming_separate(harness *h) {
+  assert_int_equal(h_open(h, 10, 131072), 0); /* nothing of rebound's here */
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  deliver(h, 1, "hello", 5);
+  assert_int_equal(h_pub_open(h), 1);
+  h_expect_none(h, H_BROKER);
+}
+
+/* The copy goes on the retry connection, the ack of its original on the
+ * client's; when the session ends, the retry connection says goodbye. */
+static void test_separate_copy_then_ack(void **state) {
+  static const char *const args[] = {SEPARATE, NULL};
+  harness *h = start(state, args);
+  consuming_separate(h);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_expect(h, H_PUB, "ch1 queue.declare queue=q.retry.1s*");
+  h_expect(h, H_PUB, "ch1 basic.publish exchange= rk=q.retry.1s mandatory=1");
+  h_expect(h, H_PUB, "ch1 header size=5");
+  h_expect(h, H_PUB, "ch1 body len=5");
+  h_expect_none(h, H_BROKER);
+  h_simple(h, H_PUB, 1, AMQP_QUEUE_DECLARE_OK);
+  h_ack(h, H_PUB, 1, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+  assert_string_equal(snap(h).retry_connection, "separate");
+
+  h_close(h, H_CLIENT, 0, 200, "Goodbye");
+  h_expect(h, H_BROKER, "ch0 connection.close code=200 text=Goodbye");
+  h_close_ok(h, H_BROKER, 0);
+  h_expect(h, H_CLIENT, "ch0 connection.close-ok");
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect_within(h, H_PUB, 5000, "ch0 connection.close code=200 *");
+  h_close_ok(h, H_PUB, 0);
+  gone_as(h, "client closed the connection");
+  h_expect_none(h, H_PUB);
+}
+
+/* A write to the retry connection fails: the connection is lost (reported
+ * from the loop, not from inside the publish), the copy in flight falls
+ * back to a requeue of its original after the tier delay, and the retry
+ * connection is opened again after the backoff. */
+static void test_separate_write_fails(void **state) {
+  static const char *const args[] = {SEPARATE, NULL};
+  harness *h = start(state, args);
+  consuming_separate(h);
+
+  h_peer(h, H_PUB)->try_write_error = UV_EPIPE;
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_settle(h);
+  h_skip(h, H_PUB);
+  /* opened again at once (the first loss has no backoff), failed before
+   * logging in: rebound's channel goes on the client's connection */
+  assert_int_equal(h_peer(h, H_PUB)->connects, 2);
+  assert_int_equal(h->srv.stats.retry_connection_failures, 1);
+  h_expect(h, H_BROKER, "ch10 channel.open");
+  h_simple(h, H_BROKER, 10, AMQP_CHANNEL_OPEN_OK);
+  h_expect(h, H_BROKER, "ch10 confirm.select");
+  h_simple(h, H_BROKER, 10, AMQP_CONFIRM_SELECT_OK);
+  assert_int_equal(
+      h_metric(h, PX_M_FALLBACKS, "rebound's channel was closed", NULL), 1);
+  /* the original, requeued after the tier delay (1 s) */
+  h_expect_within(h, H_BROKER, 3000,
+                  "ch1 basic.nack tag=1 multiple=0 requeue=1");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_remap, teardown),
@@ -934,6 +1062,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
       cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
+      cmocka_unit_test_teardown(test_separate_copy_then_ack, teardown),
+      cmocka_unit_test_teardown(test_separate_write_fails, teardown),
       cmocka_unit_test_teardown(test_close_client_eof, teardown),
       cmocka_unit_test_teardown(test_close_client_reset, teardown),
       cmocka_unit_test_teardown(test_close_client_eof_after_ack, teardown),
@@ -942,6 +1072,11 @@ int main(void) {
                                 teardown),
       cmocka_unit_test_teardown(test_close_by_client, teardown),
       cmocka_unit_test_teardown(test_close_by_broker, teardown),
+      cmocka_unit_test_teardown(test_close_broker_hangs_up_on_close, teardown),
+      cmocka_unit_test_teardown(test_close_client_gone_copy_never_confirmed,
+                                teardown),
+      cmocka_unit_test_teardown(
+          test_close_client_write_failed_copy_never_confirmed, teardown),
       cmocka_unit_test_teardown(test_close_broker_lost, teardown),
       cmocka_unit_test_teardown(test_close_broker_gone_in_handshake, teardown),
       cmocka_unit_test_teardown(test_close_client_write_failed, teardown),
