@@ -652,7 +652,7 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
                            uint32_t id) {
   amqp_method m;
   if (f->type != AMQP_FRAME_METHOD) {
-    px_track_content(s, c, f);
+    px_track_content(s, c, &c->track, f);
     return;
   }
   switch (id) {
