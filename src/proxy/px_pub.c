@@ -104,13 +104,21 @@ static void close_now(px_pub *p) {
 
 static void fail(px_pub *p, const char *why, amqp_bytes text);
 
-/* The timer: the login's deadline, then the wait for close-ok. */
+/* The connection broke: one saying goodbye is done, any other tells its
+ * owner. */
+static void broken(px_pub *p, const char *why, amqp_bytes text) {
+  if (p->state == PUB_CLOSING)
+    close_now(p);
+  else if (p->state != PUB_CLOSED)
+    fail(p, why, text);
+}
+
+/* The timer: the login's deadline, then the wait for close-ok (or a
+ * write that failed at once, reported here). */
 static void on_timer(uv_timer_t *t) {
   px_pub *p = t->data;
-  if (p->write_error && p->state == PUB_CLOSING)
-    close_now(p);
-  else if (p->write_error)
-    fail(p, "write failed", amqp_cstr(uv_strerror(p->write_error)));
+  if (p->write_error)
+    broken(p, "write failed", amqp_cstr(uv_strerror(p->write_error)));
   else if (p->state == PUB_CLOSING)
     close_now(p);
   else if (p->state == PUB_CONNECTING || p->state == PUB_HANDSHAKE)
@@ -329,10 +337,7 @@ static void on_data(void *ctx, px_conn *c, size_t nread) {
       break;
     if (n < 0) {
       in->off = in->len;
-      if (p->state == PUB_CLOSING)
-        close_now(p);
-      else
-        fail(p, "the broker sent a bad frame",
+      broken(p, "the broker sent a bad frame",
              amqp_cstr(amqp_status_str((int)n)));
       return;
     }
@@ -356,22 +361,14 @@ static void on_data(void *ctx, px_conn *c, size_t nread) {
 }
 
 static void on_eof(void *ctx, px_conn *c, int err) {
-  px_pub *p = ctx;
   (void)c;
-  if (p->state == PUB_CLOSING)
-    close_now(p);
-  else if (p->state != PUB_CLOSED)
-    fail(p, err == UV_EOF ? "the broker closed it" : "read failed",
+  broken(ctx, err == UV_EOF ? "the broker closed it" : "read failed",
          amqp_cstr(err == UV_EOF ? "" : uv_strerror(err)));
 }
 
 static void on_write_failed(void *ctx, px_conn *c, int err) {
-  px_pub *p = ctx;
   (void)c;
-  if (p->state == PUB_CLOSING)
-    close_now(p);
-  else if (p->state != PUB_CLOSED)
-    fail(p, "write failed", amqp_cstr(uv_strerror(err)));
+  broken(ctx, "write failed", amqp_cstr(uv_strerror(err)));
 }
 
 static void on_written(void *ctx, px_conn *c) {

@@ -442,6 +442,26 @@ void h_open_unchecked(harness *h, uint16_t channel_max, uint32_t frame_max) {
   }
 }
 
+static const char *side_name(h_side side);
+
+/* rebound opens its channel on `side` (channel.open, confirm.select), and
+ * the peer answers both: h->own_ch is its number. */
+static void own_channel_opened(harness *h, h_side side) {
+  char line[512];
+  unsigned n = 0;
+  h_settle(h);
+  if (!h_next(h, side, line, sizeof line, NULL, NULL) ||
+      sscanf(line, "ch%u channel.open", &n) != 1 ||
+      !strstr(line, "channel.open"))
+    FAIL("rebound's channel.open expected on %s, got '%s'", side_name(side),
+         line);
+  h->own_ch = (uint16_t)n;
+  h_simple(h, side, h->own_ch, AMQP_CHANNEL_OPEN_OK);
+  snprintf(line, sizeof line, "ch%u confirm.select", n);
+  h_expect(h, side, line);
+  h_simple(h, side, h->own_ch, AMQP_CONFIRM_SELECT_OK);
+}
+
 uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
   static const char *const seen[7] = {"protocol-header",
                                       "ch0 connection.start",
@@ -450,7 +470,7 @@ uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
                                       NULL,
                                       "ch0 connection.open",
                                       "ch0 connection.open-ok"};
-  char tune[128], line[512];
+  char tune[128];
   h->channel_max = channel_max;
   h->frame_max = frame_max;
   for (int i = 0; i < 7; i++) {
@@ -462,19 +482,8 @@ uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
              seen[i] ? seen[i] : tune);
   }
   h->own_ch = 0;
-  if (h->cfg.retry_shared) {
-    unsigned n = 0;
-    h_settle(h);
-    if (!h_next(h, H_BROKER, line, sizeof line, NULL, NULL) ||
-        sscanf(line, "ch%u channel.open", &n) != 1 ||
-        !strstr(line, "channel.open"))
-      FAIL("rebound's channel.open expected after open-ok, got '%s'", line);
-    h->own_ch = (uint16_t)n;
-    h_simple(h, H_BROKER, h->own_ch, AMQP_CHANNEL_OPEN_OK);
-    snprintf(line, sizeof line, "ch%u confirm.select", n);
-    h_expect(h, H_BROKER, line);
-    h_simple(h, H_BROKER, h->own_ch, AMQP_CONFIRM_SELECT_OK);
-  }
+  if (h->cfg.retry_shared)
+    own_channel_opened(h, H_BROKER);
   h_expect_none(h, H_CLIENT);
   h_expect_none(h, H_BROKER);
   return h->own_ch;
@@ -482,7 +491,6 @@ uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
 
 uint16_t h_pub_open(harness *h) {
   char line[512];
-  unsigned n = 0;
   h_expect(h, H_PUB, "protocol-header");
   send_handshake(h, H_PUB, 1, 0, 0);
   h_expect(h, H_PUB, "ch0 connection.start-ok*");
@@ -494,16 +502,7 @@ uint16_t h_pub_open(harness *h) {
   h_expect(h, H_PUB, "ch0 connection.open*");
   send_handshake(h, H_PUB, 6, 0, 0);
   h_settle(h);
-  if (!h_next(h, H_PUB, line, sizeof line, NULL, NULL) ||
-      sscanf(line, "ch%u channel.open", &n) != 1 ||
-      !strstr(line, "channel.open"))
-    FAIL("rebound's channel.open expected on the retry connection, got '%s'",
-         line);
-  h->own_ch = (uint16_t)n;
-  h_simple(h, H_PUB, h->own_ch, AMQP_CHANNEL_OPEN_OK);
-  snprintf(line, sizeof line, "ch%u confirm.select", n);
-  h_expect(h, H_PUB, line);
-  h_simple(h, H_PUB, h->own_ch, AMQP_CONFIRM_SELECT_OK);
+  own_channel_opened(h, H_PUB);
   h_expect_none(h, H_PUB);
   return h->own_ch;
 }
