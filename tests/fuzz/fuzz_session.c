@@ -24,10 +24,15 @@
  * Flags: bit 0 a valid handshake first (then bits 1-2 pick channel-max
  * 2047, 2, 3 or 10, bit 3 frame-max 4096 instead of 131072, and bit 4
  * opens channel 1 consuming from queue "q" with tag "c"); bit 5 the
- * upstream refuses the connection.
+ * upstream refuses the connection; bit 6 --retry-connection separate:
+ * rebound's copies go on a connection of their own, whose broker (H_PUB)
+ * answers the handshake, rebound's channel, declares and (with bit 7)
+ * every publish by itself, and ops 1, 3, 4 and 5 with bit 7 of the op
+ * byte set act on it instead of the client's broker.
  *
  * After each record (abort on a violation): no crash (ASan/UBSan); each
- * wire log is whole frames after an optional protocol header; a broker
+ * wire log (the retry connection's too) is whole frames, each connection's
+ * after its protocol header; a broker
  * frame on rebound's own channel number (shared mode) sends the client
  * nothing on a channel; the bytes queued in the session stay bounded, and
  * the cache within its bounds. At the end the session is drained, both
@@ -59,15 +64,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The session's options: short retry timings, small caches; the raw
  * inputs (no scripted handshake) get a short handshake timeout too. */
-#define FUZZ_ARGS(handshake_timeout)                                           \
+#define FUZZ_ARGS(handshake_timeout, retry_connection)                         \
   {                                                                            \
     "--retry-tiers", "2ms,5ms", "--max-attempts", "3",                         \
         "--retry-confirm-timeout", "5ms", "--retry-finish-timeout", "20ms",    \
         "--cache-per-connection", "256KiB", "--cache-total", "1MiB",           \
-        "--handshake-timeout", handshake_timeout, NULL                         \
+        "--handshake-timeout", handshake_timeout, "--retry-connection",        \
+        retry_connection, NULL                                                 \
   }
-static const char *const args_scripted[] = FUZZ_ARGS("10s");
-static const char *const args_raw[] = FUZZ_ARGS("50ms");
+/* [separate][scripted] */
+static const char *const args[2][2][17] = {
+    {FUZZ_ARGS("50ms", "shared"), FUZZ_ARGS("10s", "shared")},
+    {FUZZ_ARGS("50ms", "separate"), FUZZ_ARGS("10s", "separate")}};
 
 typedef struct fz {
   harness *h;
@@ -80,8 +88,12 @@ typedef struct fz {
   size_t client_mark;
   /* where each log has been checked up to; false: not checkable any more
    * (a write failed halfway through a frame) */
-  size_t checked[2];
-  bool whole[2];
+  size_t checked[3];
+  bool whole[3];
+  /* --retry-connection separate: the retry connection's broker answers
+   * by itself (pub_respond()); with auto_confirm every publish too */
+  bool separate, auto_confirm;
+  uint64_t pub_seq; /* publishes on the current retry connection */
   unsigned waited_ms;
   /* each side's previous record, for op 6 */
   const uint8_t *last[2];
@@ -261,25 +273,86 @@ static void scripted_open(harness *h, uint8_t flags) {
   }
 }
 
+/* ---- the retry connection's broker (flags bit 6) ------------------------ */
+
+/* Answer what rebound sent the retry connection's broker: the handshake,
+ * rebound's channel and confirm mode, declares, its goodbye, and (with
+ * auto_confirm) each publish. true when anything was answered. */
+static bool pub_respond(fz *z) {
+  harness *h = z->h;
+  char line[512];
+  unsigned ch = 0;
+  bool any = false;
+  while (h->s && h_next(h, H_PUB, line, sizeof line, NULL, NULL)) {
+    uint32_t answer = 0;
+    if (strcmp(line, "protocol-header") == 0) {
+      z->pub_seq = 0;
+      answer = AMQP_CONNECTION_START;
+    } else if (sscanf(line, "ch%u ", &ch) != 1) {
+      continue; /* a frame the describer refused */
+    } else if (strstr(line, " connection.start-ok")) {
+      answer = AMQP_CONNECTION_TUNE;
+    } else if (strstr(line, " connection.open")) {
+      answer = AMQP_CONNECTION_OPEN_OK;
+    } else if (strstr(line, " connection.close ")) {
+      answer = AMQP_CONNECTION_CLOSE_OK;
+    } else if (strstr(line, " channel.open")) {
+      answer = AMQP_CHANNEL_OPEN_OK;
+    } else if (strstr(line, " confirm.select")) {
+      answer = AMQP_CONFIRM_SELECT_OK;
+    } else if (strstr(line, " queue.declare ")) {
+      answer = AMQP_QUEUE_DECLARE_OK;
+    } else if (strstr(line, " basic.publish ")) {
+      z->pub_seq++;
+      if (z->auto_confirm)
+        h_ack(h, H_PUB, (uint16_t)ch, z->pub_seq, false);
+      any |= z->auto_confirm;
+      continue;
+    } else {
+      continue;
+    }
+    h_simple(h, H_PUB, (uint16_t)ch, answer);
+    any = true;
+  }
+  return any;
+}
+
+/* Settle, the retry connection's broker answering meanwhile. */
+static void settle(fz *z) {
+  h_settle(z->h);
+  for (int i = 0; i < 64 && z->separate && pub_respond(z); i++)
+    h_settle(z->h);
+}
+
 /* ---- invariants ------------------------------------------------------ */
 
 static void check_log(fz *z, h_side side) {
+  static const char *const partial[3] = {
+      "the client's log ends inside a frame",
+      "the broker's log ends inside a frame",
+      "the retry connection's log ends inside a frame"};
+  static const char *const malformed[3] = {
+      "the client received a malformed frame",
+      "the broker received a malformed frame",
+      "the retry connection received a malformed frame"};
   const fake_conn *f = &z->h->peer[side];
   size_t off = z->checked[side];
   if (!z->whole[side])
     return;
-  if (off == 0 && f->log_len >= AMQP_PROTOCOL_HEADER_SIZE &&
-      memcmp(f->log, "AMQP", 4) == 0)
-    off = AMQP_PROTOCOL_HEADER_SIZE;
   while (off < f->log_len) {
+    /* a protocol header starts each connection (the retry connection's
+     * log may hold several); no frame type is 'A' */
+    if (f->log_len - off >= AMQP_PROTOCOL_HEADER_SIZE &&
+        memcmp(f->log + off, "AMQP", 4) == 0) {
+      off += AMQP_PROTOCOL_HEADER_SIZE;
+      continue;
+    }
     amqp_frame fr;
     long n = amqp_frame_parse(f->log + off, f->log_len - off, 0, &fr);
     if (n == AMQP_PARTIAL)
-      violation(side == H_CLIENT ? "the client's log ends inside a frame"
-                                 : "the broker's log ends inside a frame");
+      violation(partial[side]);
     if (n < 0)
-      violation(side == H_CLIENT ? "the client received a malformed frame"
-                                 : "the broker received a malformed frame");
+      violation(malformed[side]);
     off += (size_t)n;
   }
   z->checked[side] = off;
@@ -296,6 +369,7 @@ static void check(fz *z) {
   harness *h = z->h;
   check_log(z, H_CLIENT);
   check_log(z, H_BROKER);
+  check_log(z, H_PUB);
   if (px_chunk_bytes() > CHUNKS_MAX)
     violation("buffer chunks past the bound");
   if (h->srv.stats.cache_bytes > h->cfg.cache_total)
@@ -311,9 +385,9 @@ static void check(fz *z) {
 
 /* ---- ops ---------------------------------------------------------------- */
 
-static void op_write_error(fz *z, const uint8_t *p, size_t len) {
+static void op_write_error(fz *z, h_side broker, const uint8_t *p, size_t len) {
   uint8_t b = len ? p[0] : 0;
-  h_side side = b & 1 ? H_BROKER : H_CLIENT;
+  h_side side = b & 1 ? broker : H_CLIENT;
   fake_conn *f = &z->h->peer[side];
   switch (b >> 1 & 3) {
   case 0:
@@ -335,16 +409,16 @@ static void op_write_error(fz *z, const uint8_t *p, size_t len) {
   z->whole[side] = false;
 }
 
-static void op_stall(fz *z, const uint8_t *p, size_t len) {
+static void op_stall(fz *z, h_side broker, const uint8_t *p, size_t len) {
   uint8_t b = len ? p[0] : 0;
-  fake_conn *f = &z->h->peer[b & 1 ? H_BROKER : H_CLIENT];
+  fake_conn *f = &z->h->peer[b & 1 ? broker : H_CLIENT];
   f->stall = b & 2;
   f->try_write_max = len > 1 && p[1] ? (size_t)p[1] * 16 : SIZE_MAX;
 }
 
-static void op_eof(fz *z, const uint8_t *p, size_t len) {
+static void op_eof(fz *z, h_side broker, const uint8_t *p, size_t len) {
   uint8_t b = len ? p[0] : 0;
-  h_eof(z->h, b & 1 ? H_BROKER : H_CLIENT, b & 2 ? UV_ECONNRESET : UV_EOF);
+  h_eof(z->h, b & 1 ? broker : H_CLIENT, b & 2 ? UV_ECONNRESET : UV_EOF);
 }
 
 static void broker_send(fz *z, const uint8_t *p, size_t len);
@@ -380,19 +454,20 @@ static void end_session(fz *z) {
   harness *h = z->h;
   if (h->s) {
     px_session_drain(h->s);
-    h_settle(h);
+    settle(z);
   }
   /* whatever was stalled or failing goes through now */
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     h->peer[i].stall = false;
     h->peer[i].try_write_max = SIZE_MAX;
   }
   h_eof(h, H_CLIENT, UV_EOF);
   h_eof(h, H_BROKER, UV_EOF);
-  h_settle(h);
+  settle(z);
   check(z);
   if (h->s)
     px_session_close(h->s, PX_CR_DRAIN_TIMEOUT);
+  px_pub_close_all(); /* a retry connection saying goodbye: at once */
   if (!h_wait_gone(h, 5000))
     violation("the session is not freed after px_session_close");
 }
@@ -401,15 +476,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
   uint8_t flags = data[0];
-  fz z = {.track = true, .whole = {true, true}};
-  z.h = h_new(flags & 1 ? args_scripted : args_raw);
+  fz z = {.track = true,
+          .whole = {true, true, true},
+          .separate = flags & 64,
+          .auto_confirm = flags & 128};
+  z.h = h_new(args[flags >> 6 & 1][flags & 1]);
   if (!z.h)
     violation("the fuzz config does not parse");
   harness *h = z.h;
   current = &z;
   if (flags & 32)
     h->peer[H_BROKER].connect_status = UV_ECONNREFUSED;
-  h_settle(h);
+  settle(&z);
   if (flags & 1)
     scripted_open(h, flags);
   h->peer[H_BROKER].before_feed = before_feed;
@@ -428,6 +506,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       len = size - off;
     const uint8_t *p = data + off;
     off += len;
+    h_side broker = z.separate && (op & 0x80) ? H_PUB : H_BROKER;
     switch (op % 7) {
     case 0:
       h_send(h, H_CLIENT, p, len);
@@ -437,7 +516,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
       /* a broker speaks once it has the protocol header (rebound passes
        * what a broker sends before that on to the client as it is) */
-      if (h->peer[H_BROKER].log_len >= AMQP_PROTOCOL_HEADER_SIZE) {
+      if (broker == H_PUB) {
+        if (h->peer[H_PUB].log_len >= AMQP_PROTOCOL_HEADER_SIZE)
+          h_send(h, H_PUB, p, len);
+      } else if (h->peer[H_BROKER].log_len >= AMQP_PROTOCOL_HEADER_SIZE) {
         broker_send(&z, p, len);
         z.last[H_BROKER] = p;
         z.last_len[H_BROKER] = len;
@@ -447,19 +529,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       op_wait(&z, p, len);
       break;
     case 3:
-      op_write_error(&z, p, len);
+      op_write_error(&z, broker, p, len);
       break;
     case 4:
-      op_stall(&z, p, len);
+      op_stall(&z, broker, p, len);
       break;
     case 5:
-      op_eof(&z, p, len);
+      op_eof(&z, broker, p, len);
       break;
     default:
       op_repeat(&z, p, len);
       break;
     }
-    h_settle(h);
+    settle(&z);
     check(&z);
   }
   end_session(&z);

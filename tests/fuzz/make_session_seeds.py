@@ -41,6 +41,9 @@ METHODS, _ = decode.load_spec()
 BY_NAME = {v[0]: (k, v[1]) for k, v in METHODS.items()}
 
 CLIENT, BROKER, WAIT, WRITE_FAIL, STALL, HANG_UP, REPEAT = range(7)
+# With flags bit 6 (--retry-connection separate), the same op + 133 (bit 7
+# set, the same op modulo 7) acts on the retry connection's broker.
+ON_PUB = 7 * 19
 
 
 # ---- encoding ---------------------------------------------------------------
@@ -320,6 +323,31 @@ def scenarios():
         record(WAIT, b"\x01"),
         record(HANG_UP, b"\x00"),
     ])
+    separate = consumer | 64  # copies on the retry connection
+    yield "scenario-separate-retry", bytes([separate | 128]) + b"".join([
+        record(BROKER, deliver(1)),
+        record(CLIENT, method(1, "basic.nack", delivery_tag=1, requeue=1)),
+        record(WAIT, b"\x03"),
+        record(BROKER, deliver(2) + deliver(3)),
+        record(CLIENT, method(1, "basic.reject", delivery_tag=2, requeue=1) +
+               method(1, "basic.nack", delivery_tag=3, multiple=1,
+                      requeue=1)),
+        record(WAIT, b"\x07"),
+        record(CLIENT, method(0, "connection.close", reply_code=200,
+                              reply_text="bye")),
+    ])
+    yield "scenario-separate-lost", bytes([separate]) + b"".join([
+        record(BROKER, deliver(1)),
+        record(CLIENT, method(1, "basic.nack", delivery_tag=1, requeue=1)),
+        record(ON_PUB + BROKER, method(1, "basic.nack", delivery_tag=1)),
+        record(WAIT, b"\x03"),
+        record(ON_PUB + WRITE_FAIL, b"\x01"),
+        record(BROKER, deliver(2)),
+        record(CLIENT, method(1, "basic.nack", delivery_tag=2, requeue=1)),
+        record(ON_PUB + WRITE_FAIL, b"\x07"),
+        record(ON_PUB + HANG_UP, b"\x03"),
+        record(WAIT, b"\x07"),
+    ])
     yield "scenario-no-upstream", bytes([32]) + record(
         CLIENT, b"AMQP\x00\x00\x09\x01")
     yield "scenario-bad-header", bytes([0]) + record(CLIENT, b"GET / HTTP/1.1")
@@ -328,7 +356,8 @@ def scenarios():
 def main():
     os.makedirs(OUT, exist_ok=True)
     for name in sorted(os.listdir(OUT)):
-        os.remove(os.path.join(OUT, name))
+        if not name.startswith("regress-"):  # crash reproducers stay
+            os.remove(os.path.join(OUT, name))
     for session in ("bunny", "kombu", "pika", "tools"):
         client = split(read_hex(os.path.join(GOLDEN, session + ".client.hex")))
         server = split(read_hex(os.path.join(GOLDEN, session + ".server.hex")))
