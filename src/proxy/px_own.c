@@ -290,8 +290,7 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
   s->out.pub = NULL;
   s->pub_ready = false;
   own_set(s, PX_OWN_NONE); /* before anything may publish again */
-  bool again =
-      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone;
+  bool again = s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone;
   if (again && was_ready) /* first: the copies falling back below must not
                              open it again at once */
     s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
