@@ -64,6 +64,12 @@ static inline uint32_t at_be32(const uint8_t *p) {
          (uint32_t)p[3];
 }
 
+uint64_t amqp_frame_size_at(const uint8_t *buf, size_t len) {
+  if (len < AMQP_FRAME_HEADER_SIZE)
+    return 0;
+  return (uint64_t)at_be32(buf + 3) + AMQP_FRAME_OVERHEAD;
+}
+
 long amqp_frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
                       amqp_frame *f) {
   if (len < AMQP_FRAME_HEADER_SIZE)

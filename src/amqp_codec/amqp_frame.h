@@ -54,6 +54,12 @@ char *amqp_protocol_header_describe(const uint8_t *buf, size_t len, char *out,
 long amqp_frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
                       amqp_frame *f);
 
+/* The whole size (header, payload, frame-end) of the frame `buf` starts
+ * with, as its header announces it; 0 while fewer than its 7 header bytes
+ * are there. Nothing is checked: a reader sizes its buffer with it, and
+ * amqp_frame_parse() judges the frame. */
+uint64_t amqp_frame_size_at(const uint8_t *buf, size_t len);
+
 /* Frame writing: amqp_frame_begin() writes the 7-byte frame header with a
  * placeholder size and returns its position; the caller writes the payload
  * with the same writer; amqp_frame_finish() back-patches the size and

@@ -157,10 +157,6 @@ void px_pub_close_all(void) {
     close_now(closing);
 }
 
-size_t px_pub_pending(const px_pub *p) {
-  return px_conn_pending(&p->conn);
-}
-
 /* Tell the owner once; it closes. */
 static void fail(px_pub *p, const char *why, amqp_bytes text) {
   if (p->lost || !p->ev)
@@ -349,14 +345,10 @@ static void on_data(void *ctx, px_conn *c, size_t nread) {
   }
   if (p->state == PUB_CLOSED)
     return;
-  size_t need = 0;
-  if (in->len - in->off >= AMQP_FRAME_HEADER_SIZE) {
-    amqp_reader r = amqp_reader_make(in->data + in->off + 3, 4);
-    need = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
-    if (need > PUB_FRAME_LIMIT)
-      need = 0; /* the parser refuses it on the next read */
-  }
-  if (px_conn_keep(c, need) != 0)
+  uint64_t need = amqp_frame_size_at(in->data + in->off, in->len - in->off);
+  if (need > PUB_FRAME_LIMIT)
+    need = 0; /* the parser refuses it on the next read */
+  if (px_conn_keep(c, (size_t)need) != 0)
     fail(p, "out of memory", amqp_cstr(""));
 }
 

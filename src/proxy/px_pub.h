@@ -69,9 +69,6 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
  * or the connection is closing. */
 int px_pub_write(px_pub *p, const uint8_t *data, size_t len);
 
-/* Bytes queued and not yet written to the socket. */
-size_t px_pub_pending(const px_pub *p);
-
 /* Stop the events, close the socket; freed once libuv is done with it.
  * NULL is ignored. */
 void px_pub_close(px_pub *p);

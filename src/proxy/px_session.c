@@ -574,16 +574,12 @@ static void process_input(px_session *s, px_conn *from) {
  * (whose size the parser has already checked against frame-max). */
 static void settle_chunk(px_session *s, px_conn *side) {
   px_chunk *c = px_conn_input(side);
-  size_t need = 0;
   if (!c || s->state == PX_S_CONNECTING) /* protocol header pending */
     return;
-  if (c->len - c->off >= AMQP_FRAME_HEADER_SIZE) {
-    amqp_reader r = amqp_reader_make(c->data + c->off + 3, 4);
-    need = (size_t)amqp_get_u32(&r) + AMQP_FRAME_OVERHEAD;
-    if (need > frame_limit(s, side))
-      need = 0; /* cannot be: the parser refuses it (frame-max bounds it) */
-  }
-  if (px_conn_keep(side, need) != 0)
+  uint64_t need = amqp_frame_size_at(c->data + c->off, c->len - c->off);
+  if (need > frame_limit(s, side))
+    need = 0; /* cannot be: the parser refuses it (frame-max bounds it) */
+  if (px_conn_keep(side, (size_t)need) != 0)
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
 }
 
