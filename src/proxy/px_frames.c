@@ -652,7 +652,8 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
                            uint32_t id) {
   amqp_method m;
   if (f->type != AMQP_FRAME_METHOD) {
-    px_track_content(s, c, &c->track, f);
+    if (c->track.capture) /* most content belongs to no kept delivery */
+      px_track_content(s, c, f);
     return;
   }
   switch (id) {

@@ -235,7 +235,7 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
 }
 
 /* Header and body frames of the delivery being captured (the newest). */
-void px_track_capture(px_session *s, px_chan *c, const amqp_frame *f) {
+void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   px_track *t = &c->track;
   if (!t->capture || !t->dl.r.n)
     return;

@@ -122,15 +122,10 @@ bool px_track_client_method(struct px_session *s, struct px_chan *c,
 bool px_track_upstream_method(struct px_session *s, struct px_chan *c,
                               const amqp_method *m);
 /* A header or body frame from the broker: kept when it belongs to the
- * delivery being captured (px_track.capture). Most content does not: the
- * test is inline, the keeping is not. */
-void px_track_capture(struct px_session *s, struct px_chan *c,
+ * delivery being captured (px_track.capture; callers on the hot path test
+ * that first, as most content belongs to none). */
+void px_track_content(struct px_session *s, struct px_chan *c,
                       const amqp_frame *f);
-static inline void px_track_content(struct px_session *s, struct px_chan *c,
-                                    px_track *t, const amqp_frame *f) {
-  if (t->capture)
-    px_track_capture(s, c, f);
-}
 bool px_track_deliver(struct px_session *s, struct px_chan *c,
                       amqp_bytes payload);
 void px_track_settle(struct px_session *s, struct px_chan *c, uint64_t tag,
