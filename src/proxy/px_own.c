@@ -12,12 +12,6 @@
 #include "px_own.h"
 #include "px_server.h"
 
-/* rebound's channel reopens at once after its first close, then after
- * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
- * until a copy is confirmed again. */
-#define PX_OWN_BACKOFF_MS 500
-#define PX_OWN_BACKOFF_MAX_MS 30000
-
 const char *px_own_state_name(int state) {
   switch (state) {
 #define PX__OWN_NAME(id, name)                                                 \
@@ -290,10 +284,6 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
   s->out.pub = NULL;
   s->pub_ready = false;
   own_set(s, PX_OWN_NONE); /* before anything may publish again */
-  bool again = s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone;
-  if (again && was_ready) /* first: the copies falling back below must not
-                             open it again at once */
-    s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
   if (own)
     s->hooks->own_lost(s, 0, text);
   s->hooks->blocked(s, false, amqp_cstr(""), "retry connection");
@@ -306,8 +296,12 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
           PX_S("state", was), PX_B("text", text.ptr, text.len),
           PX_S("action", was_ready ? "reconnect after a backoff"
                                    : "copies go on the client's connection"));
-  if (again && !was_ready)
-    px_own_open(s);
+  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
+    if (!was_ready)
+      px_own_open(s);
+    else
+      s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
+  }
   release_own_waiters(s);
   s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */
   s->hooks->flush(s);

@@ -22,6 +22,12 @@
 #include "amqp.h"
 #include "px_session.h"
 
+/* rebound's channel reopens at once after its first close, then after
+ * PX_OWN_BACKOFF_MS doubled per further close (up to PX_OWN_BACKOFF_MAX_MS)
+ * until a copy is confirmed again. */
+#define PX_OWN_BACKOFF_MS 500
+#define PX_OWN_BACKOFF_MAX_MS 30000
+
 #define PX_OWN_STATES(X)                                                       \
   X(NONE, "none")                                                              \
   X(OPENING, "opening")                                                        \

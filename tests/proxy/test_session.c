@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "px_own.h"
 #include "session_harness.h"
 
 static void cmocka_fail(const char *msg) {
@@ -1049,6 +1050,31 @@ static void test_separate_write_fails(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 0);
 }
 
+/* The retry connection is lost twice with a copy in flight and no copy
+ * confirmed between: the first time it is opened again at once, the
+ * second time only after the backoff. */
+static void test_separate_lost_twice_backs_off(void **state) {
+  static const char *const args[] = {SEPARATE, NULL};
+  harness *h = start(state, args);
+  consuming_separate(h);
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_skip_until(h, H_PUB, "ch1 body len=5");
+  h_eof(h, H_PUB, UV_EOF); /* first loss: reopened at once */
+  h_settle(h);
+  assert_int_equal(h_peer(h, H_PUB)->connects, 2);
+  assert_int_equal(h_pub_open(h), 1);
+
+  deliver(h, 2, "hello", 5);
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  h_skip_until(h, H_PUB, "ch1 body len=5");
+  h_eof(h, H_PUB, UV_EOF); /* second loss: after the backoff */
+  h_settle(h);
+  assert_int_equal(h_peer(h, H_PUB)->connects, 2);
+  h_wait_ms(h, PX_OWN_BACKOFF_MS + 300);
+  assert_int_equal(h_peer(h, H_PUB)->connects, 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_remap, teardown),
@@ -1064,6 +1090,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
       cmocka_unit_test_teardown(test_separate_copy_then_ack, teardown),
       cmocka_unit_test_teardown(test_separate_write_fails, teardown),
+      cmocka_unit_test_teardown(test_separate_lost_twice_backs_off, teardown),
       cmocka_unit_test_teardown(test_close_client_eof, teardown),
       cmocka_unit_test_teardown(test_close_client_reset, teardown),
       cmocka_unit_test_teardown(test_close_client_eof_after_ack, teardown),
