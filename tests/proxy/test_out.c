@@ -145,6 +145,41 @@ static void test_settle_encodes_each_method(void **state) {
   assert_int_equal(m.args[AMQP_F_BASIC_NACK_REQUEUE].u, 1);
 }
 
+/* Frames rebound generates one after another share a chunk (the spare
+ * room of the last slice's, when nothing else holds it); a forwarded run
+ * whose chunk is still the reader's is never written into. */
+static void test_generated_frames_share_a_chunk(void **state) {
+  (void)state;
+  for (uint64_t tag = 1; tag <= 3; tag++)
+    assert_int_equal(px_out_settle(&out, &conn, 1, AMQP_BASIC_ACK, tag, false),
+                     PX_OUT_OK);
+  assert_int_equal(conn.nout, 1); /* three acks, one slice of one chunk */
+  assert_int_equal(conn.out[0].len, 3 * 21);
+  assert_int_equal(conn.out[0].chunk->len, 3 * 21);
+
+  px_chunk *c = heartbeats(1); /* still held here, as a read chunk is */
+  px_out_run_begin(&out, &conn, c, 0);
+  px_out_run_extend(&out, 8);
+  assert_int_equal(px_out_settle(&out, &conn, 1, AMQP_BASIC_ACK, 4, false),
+                   PX_OUT_OK);
+  assert_int_equal(conn.nout, 3); /* acks, the run, a new chunk's ack */
+  assert_int_equal(c->len, 8);
+  assert_ptr_equal(conn.out[1].chunk, c);
+  assert_true(conn.out[2].chunk != c && conn.out[2].chunk != conn.out[0].chunk);
+  assert_int_equal(px_out_run_end(&out), PX_OUT_OK);
+  assert_int_equal(px_conn_flush(&conn), 0);
+  assert_int_equal(nwire, 4 * 21 + 8);
+  for (unsigned i = 0; i < 4; i++) { /* in order: tags 1, 2, 3, then 4 */
+    size_t at = i < 3 ? i * 21 : 3 * 21 + 8;
+    amqp_frame f;
+    amqp_method m;
+    assert_int_equal(amqp_frame_parse(wire + at, nwire - at, 0, &f), 21);
+    assert_int_equal(amqp_method_decode(f.payload, &m), AMQP_OK);
+    assert_int_equal(m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u, i + 1);
+  }
+  px_chunk_unref(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_run_then_generated_frame, setup,
@@ -157,6 +192,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_settle_encodes_each_method, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_generated_frames_share_a_chunk,
+                                      setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
