@@ -8,7 +8,6 @@ Each test first checks the broker itself does what it expects (same
 frames, straight to the broker)."""
 import select
 import socket
-import struct
 import time
 
 import pika
@@ -19,7 +18,6 @@ import rbtest
 
 RUNS = 40
 BASIC_DELIVER = (60, 60)
-BASIC_ACK = (60, 80)
 
 
 class Reset(Exception):
@@ -243,11 +241,8 @@ def ack_all_then_hang_up(broker, port, q):
     while len(tags) < ACKS:
         f = c.recv_frame()
         if f.type == a.FRAME_METHOD and f.method == BASIC_DELIVER:
-            # consumer tag (shortstr), then the delivery tag
-            n = f.payload[4]
-            tags.append(struct.unpack(">Q", f.payload[5 + n:13 + n])[0])
-    acks = b"".join(a.method(1, BASIC_ACK, struct.pack(">QB", t, 0))
-                    for t in tags)
+            tags.append(fb.decode_method(f.payload)[1]["delivery_tag"])
+    acks = b"".join(fb.basic_ack(1, t) for t in tags)
     c.send(acks + a.connection_close())
     c.sock.shutdown(socket.SHUT_WR)
     c.close()
