@@ -67,8 +67,7 @@ void px_frames_chan_release(px_session *s, px_chan *c) {
   px_life_drop_held(s, c);
   free(c);
   s->nchans--;
-  if (s->own_state == PX_OWN_YIELDED && s->state == PX_S_OPEN &&
-      !s->proxy_closing)
+  if (s->own_state == PX_OWN_YIELDED && px_life_is_open(s))
     px_own_open(s);
 }
 
@@ -193,7 +192,7 @@ static void keep_login(px_session *s, const amqp_method *m) {
 }
 
 static int client_tune_ok(px_session *s, const amqp_method *m) {
-  if (s->by_client.blocks || s->state != PX_S_HANDSHAKE)
+  if (s->by_client.blocks || s->up_end != PX_UP_HANDSHAKE)
     return px_frames_client_error(s, AMQP_REPLY_CHANNEL_ERROR,
                                   "unexpected connection.tune-ok, the "
                                   "connection is already tuned",
@@ -254,7 +253,7 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
               PX_U("pending", s->ops.n + s->parked.n + s->n_own_waiters));
       return PX_HOLD_CONN;
     }
-    px_life_set_state(s, PX_S_CLOSING);
+    px_life_closing(s, PX_BY_CLIENT);
     px_life_upstream_close_sent(s);
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the broker's close: it hangs up */
@@ -306,10 +305,10 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
   uint32_t id = amqp_method_peek_id(f->payload);
   if (id != AMQP_CONNECTION_CLOSE_OK && id != AMQP_CONNECTION_CLOSE)
     return PX_DROP;
-  if (s->draining && s->upstream.connected) {
-    if (px_retry_busy(s)) /* copies in flight or to go: their acks first */
-      s->close_upstream_idle = true;
-    else
+  if (s->closer == PX_BY_SHUTDOWN && s->upstream.connected) {
+    px_life_phase(s, PX_PHASE_CLIENT_ANSWERED);
+    if (!px_retry_busy(s)) /* else copies in flight or to go: their acks
+                              first (px_frames_retry_idle()) */
       px_life_close_upstream(s, PX_CR_SHUTTING_DOWN);
     return PX_DROP; /* the broker's close-ok ends the session */
   }
@@ -394,7 +393,7 @@ static int client_unopened(px_session *s, const amqp_frame *f, uint32_t id) {
  * connection.close and close-ok; so does rebound. */
 static bool closing_ignores(const px_session *s, const amqp_frame *f,
                             uint32_t id) {
-  return s->state == PX_S_CLOSING &&
+  return s->closer != PX_BY_NONE &&
          !(f->channel == 0 &&
            (id == AMQP_CONNECTION_CLOSE || id == AMQP_CONNECTION_CLOSE_OK));
 }
@@ -431,7 +430,7 @@ static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
 
 int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan) {
-  if (s->proxy_closing)
+  if (px_life_telling_client(s))
     return client_frame_closing(s, f);
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
@@ -483,23 +482,22 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
 }
 
 bool px_frames_awaits_idle(const px_session *s) {
-  return s->conn_held || s->close_upstream_idle || s->client_gone ||
-         s->yield_requested;
+  return px_life_conn_held(s) || s->phase == PX_PHASE_CLIENT_ANSWERED ||
+         s->phase == PX_PHASE_CLIENT_GONE || s->yield_requested;
 }
 
 void px_frames_retry_idle(px_session *s) {
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   if (s->yield_requested && s->own_state == PX_OWN_READY)
     px_own_yield_now(s);
-  if (s->conn_held)
-    px_life_release_conn_hold(s); /* the client's own connection.close */
-  if (s->close_upstream_idle) {
-    s->close_upstream_idle = false;
+  px_life_release_conn_hold(s); /* the client's own connection.close */
+  if (s->phase == PX_PHASE_CLIENT_ANSWERED) /* rebound is shutting down */
     px_life_close_upstream(s, PX_CR_SHUTTING_DOWN);
-  }
-  if (s->client_gone)
-    px_life_end_upstream(s, PX_CR_CLIENT_DISCONNECTED);
+  if (s->phase == PX_PHASE_CLIENT_GONE) /* the reason noted stays */
+    px_life_end_upstream(s, s->closer == PX_BY_SHUTDOWN
+                                ? PX_CR_SHUTTING_DOWN
+                                : PX_CR_CLIENT_DISCONNECTED);
 }
 
 /* ---- broker -> client -----------------------------------------------------
@@ -566,9 +564,8 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     }
     break;
   case AMQP_CONNECTION_OPEN_OK:
-    if (s->state != PX_S_HANDSHAKE || !s->by_client.blocks)
+    if (s->phase != PX_PHASE_HANDSHAKE || !s->by_client.blocks)
       break;
-    px_life_set_state(s, PX_S_OPEN);
     px_life_handshake_done(s);
     log_open(s);
     if (s->srv->cfg->retry_shared)
@@ -582,7 +579,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
               PX_U("code", m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u),
               PX_B("text", t.ptr, t.len));
     }
-    px_life_set_state(s, PX_S_CLOSING);
+    px_life_closing(s, PX_BY_BROKER);
     px_life_upstream_answered(s); /* it acts on nothing more */
     break;
   case AMQP_CONNECTION_CLOSE_OK: /* to the client's close */
@@ -640,7 +637,7 @@ static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
   if (id == AMQP_CONNECTION_BLOCKED || id == AMQP_CONNECTION_UNBLOCKED)
     upstream_blocked(s, f, id); /* copies still to go wait for it */
   if ((id == AMQP_CONNECTION_CLOSE_OK || id == AMQP_CONNECTION_CLOSE) &&
-      s->draining) {
+      s->closer == PX_BY_SHUTDOWN) {
     px_life_close(s, PX_CR_SHUTTING_DOWN);
     return PX_STOP;
   }
@@ -689,15 +686,16 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
 }
 
 int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
-  if (s->proxy_closing)
+  if (px_life_telling_client(s))
     return upstream_frame_closing(s, f);
+  bool gone = s->phase == PX_PHASE_CLIENT_GONE;
   if (f->type == AMQP_FRAME_HEARTBEAT)
-    return s->client_gone ? PX_DROP : PX_FORWARD;
+    return gone ? PX_DROP : PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
   if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
     return px_own_frame(s, f);
-  if (s->client_gone)
+  if (gone)
     return PX_DROP; /* only rebound's own traffic matters now */
   if (f->channel == 0)
     return f->type == AMQP_FRAME_METHOD ? upstream_connection_method(s, f, id)

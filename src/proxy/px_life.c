@@ -12,19 +12,15 @@ static void on_timer(uv_timer_t *t) {
   s->hooks->timeout(s);
 }
 
-const char *px_state_name(int state) {
-  static const char *const names[] = {"connecting", "handshake", "open",
-                                      "closing",    "finishing", "closed"};
-  return state >= 0 && state < 6 ? names[state] : "?";
-}
-
-void px_life_set_state(px_session *s, px_state state) {
-  if (s->state == PX_S_CLOSED)
-    return; /* closed is final */
-  px_debug("session_state", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("from", px_state_name(s->state)),
-           PX_S("to", px_state_name(state)));
-  s->state = state;
+const char *px_close_by_name(int by) {
+  switch (by) {
+#define PX__BY_NAME(id, name)                                                  \
+  case PX_BY_##id:                                                             \
+    return name;
+    PX_CLOSE_BY(PX__BY_NAME)
+#undef PX__BY_NAME
+  }
+  return "?";
 }
 
 const char *px_close_phase_name(int phase) {
@@ -38,7 +34,8 @@ const char *px_close_phase_name(int phase) {
   return "?";
 }
 
-/* How long a phase may last (0: no limit of its own). */
+/* How long a phase may last (0: no limit of its own, PX_PHASE_RUNS_ON:
+ * the last one's runs on). */
 static uint64_t phase_wait_ms(const px_session *s, px_close_phase phase) {
   const px_config *cfg = s->srv->cfg;
   switch (phase) {
@@ -59,12 +56,22 @@ void px_life_phase(px_session *s, px_close_phase to) {
     return; /* closed is final */
   px_debug("session_close_phase", PX_U("id", s->id), PX_S("peer", s->peer),
            PX_S("from", px_close_phase_name(s->phase)),
-           PX_S("to", px_close_phase_name(to)));
+           PX_S("to", px_close_phase_name(to)),
+           PX_S("by", px_close_by_name(s->closer)));
   s->phase = (uint8_t)to;
-  uv_timer_stop(&s->timer);
   uint64_t ms = phase_wait_ms(s, to);
+  if (ms == PX_PHASE_RUNS_ON)
+    return;
+  uv_timer_stop(&s->timer);
   if (ms && to != PX_PHASE_CLOSED)
     uv_timer_start(&s->timer, on_timer, ms, 0);
+}
+
+void px_life_closing(px_session *s, px_close_by by) {
+  if (by > s->closer)
+    s->closer = (uint8_t)by;
+  if (s->phase == PX_PHASE_HANDSHAKE || s->phase == PX_PHASE_OPEN)
+    px_life_phase(s, PX_PHASE_CLOSING);
 }
 
 /* The first reason that applies is the one logged and counted. */
@@ -92,7 +99,6 @@ void px_life_drop_held(px_session *s, px_chan *c) {
 
 void px_life_finishing(px_session *s, px_close_reason reason) {
   px_life_note(s, reason);
-  px_life_set_state(s, PX_S_FINISHING);
   px_life_phase(s, PX_PHASE_FINISHING);
 }
 
@@ -110,15 +116,21 @@ static void linger(px_session *s, px_conn *side) {
     px_out_transport_error(&s->out, side, rc);
 }
 
+void px_life_hold_conn_close(px_session *s, px_chunk *c, uint8_t *raw,
+                             uint32_t len) {
+  px_chunk_ref(c);
+  s->conn_hold = (px_slice){c, raw, len};
+}
+
 void px_life_release_conn_hold(px_session *s) {
-  if (!s->conn_held)
+  px_slice h = s->conn_hold;
+  if (!h.chunk)
     return;
-  s->conn_held = false;
-  px_life_set_state(s, PX_S_CLOSING);
+  s->conn_hold = (px_slice){0};
+  px_life_closing(s, PX_BY_CLIENT);
   px_life_upstream_close_sent(s);
-  px_out_status st = px_out_slice(&s->out, &s->upstream, s->conn_hold.chunk,
-                                  s->conn_hold.ptr, s->conn_hold.len);
-  px_chunk_unref(s->conn_hold.chunk);
+  px_out_status st = px_out_slice(&s->out, &s->upstream, h.chunk, h.ptr, h.len);
+  px_chunk_unref(h.chunk);
   (void)st; /* a failure is kept: the session closes over it */
 }
 
@@ -168,22 +180,31 @@ void px_life_send_close(px_session *s, px_conn *side, uint16_t code,
   (void)st; /* a failure is kept: the session closes over it */
 }
 
+/* rebound tells the client: once, and from then on only its close-ok
+ * matters. */
+static void close_client_by(px_session *s, px_close_by by, uint16_t code,
+                            const char *text, uint16_t class_id,
+                            uint16_t method_id) {
+  if (px_life_telling_client(s) || s->phase == PX_PHASE_CLOSED)
+    return;
+  s->closer = (uint8_t)by;
+  px_life_send_close(s, &s->client, code, text, class_id, method_id);
+  px_life_phase(s, PX_PHASE_TELLING_CLIENT);
+}
+
 void px_life_tell_client(px_session *s, px_close_reason reason) {
   char text[128];
   int code = px_close_reply(reason);
   snprintf(text, sizeof text, "%s - %s", amqp_reply_name(code),
            px_close_text(reason));
-  px_life_close_client(s, (uint16_t)code, text, 0, 0);
+  close_client_by(
+      s, reason == PX_CR_SHUTTING_DOWN ? PX_BY_SHUTDOWN : PX_BY_REBOUND,
+      (uint16_t)code, text, 0, 0);
 }
 
 void px_life_close_client(px_session *s, uint16_t code, const char *text,
                           uint16_t class_id, uint16_t method_id) {
-  if (s->proxy_closing || s->state == PX_S_CLOSED)
-    return;
-  s->proxy_closing = true;
-  px_life_send_close(s, &s->client, code, text, class_id, method_id);
-  px_life_set_state(s, PX_S_CLOSING);
-  px_life_phase(s, PX_PHASE_TELLING_CLIENT);
+  close_client_by(s, PX_BY_REBOUND, code, text, class_id, method_id);
 }
 
 void px_life_handshake_done(px_session *s) {

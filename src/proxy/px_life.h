@@ -1,6 +1,6 @@
-/* px_life.h - a session's lifecycle, below its event handlers: its state
- * and close phase (one transition function each, both logged), its close
- * reason, and the ways it begins to end.
+/* px_life.h - a session's lifecycle, below its event handlers: its phase
+ * (PX_CLOSE_PHASES: one transition function, logged), who began ending it,
+ * its close reason, and the ways it begins to end.
  *
  * Nothing here touches a socket directly or closes the session: each
  * function queues frames (px_out.h), changes state, or asks for the
@@ -19,11 +19,32 @@ typedef struct px_release {
   uint32_t gen;
 } px_release;
 
-void px_life_set_state(px_session *s, px_state state);
-/* The one transition of the close phase: logged (session_close_phase),
- * and the session's timer set to the phase's limit (the session's
- * timeout hook runs when it passes). */
+/* The one transition of the phase: logged (session_close_phase), and the
+ * session's timer set to the phase's limit (the session's timeout hook
+ * runs when it passes). */
 void px_life_phase(px_session *s, px_close_phase to);
+/* A connection.close passed on, from `by` (the client or the broker): an
+ * open (or opening) session is closing. */
+void px_life_closing(px_session *s, px_close_by by);
+
+/* Closed: nothing more is done. */
+static inline bool px_life_closed(const px_session *s) {
+  return s->phase == PX_PHASE_CLOSED;
+}
+/* The connection is open and nothing began ending it (a client that a
+ * write failed to is still read): rebound's channel may open. */
+static inline bool px_life_is_open(const px_session *s) {
+  return (s->phase == PX_PHASE_OPEN || s->phase == PX_PHASE_CLIENT_DEAD) &&
+         s->closer == PX_BY_NONE && s->up_end == PX_UP_OPEN;
+}
+/* rebound sent the client connection.close: only its close-ok matters. */
+static inline bool px_life_telling_client(const px_session *s) {
+  return s->closer >= PX_BY_REBOUND;
+}
+/* The client's connection.close waits for the copies in flight. */
+static inline bool px_life_conn_held(const px_session *s) {
+  return s->conn_hold.chunk != NULL;
+}
 /* Note why the session ends: the first reason noted is the one logged. */
 void px_life_note(px_session *s, px_close_reason reason);
 /* Ask for the session to close (the session closes it once the current
@@ -66,6 +87,10 @@ void px_life_tell_client(px_session *s, px_close_reason reason);
  * the session. */
 void px_life_close_after_flush(px_session *s, px_conn *side,
                                px_close_reason reason);
+/* Keep the client's connection.close (`len` bytes at `raw` of `c`, a
+ * reference taken) until the copies in flight are done. */
+void px_life_hold_conn_close(px_session *s, px_chunk *c, uint8_t *raw,
+                             uint32_t len);
 /* Send on the client's connection.close that waited for copies in
  * flight. */
 void px_life_release_conn_hold(px_session *s);

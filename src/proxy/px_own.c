@@ -91,8 +91,7 @@ void px_own_open(px_session *s) {
 }
 
 void px_own_want(px_session *s) {
-  if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms &&
-      s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone)
+  if (s->own_state == PX_OWN_NONE && !s->own_reopen_ms && px_life_is_open(s))
     px_own_open(s);
 }
 
@@ -150,8 +149,7 @@ static uint32_t own_backoff_ms(px_session *s) {
 }
 
 void px_own_reopen(px_session *s) {
-  if (s->own_state == PX_OWN_NONE && s->state == PX_S_OPEN &&
-      !s->proxy_closing && !s->client_gone)
+  if (s->own_state == PX_OWN_NONE && px_life_is_open(s))
     px_own_open(s);
 }
 
@@ -296,7 +294,7 @@ static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
           PX_S("state", was), PX_B("text", text.ptr, text.len),
           PX_S("action", was_ready ? "reconnect after a backoff"
                                    : "copies go on the client's connection"));
-  if (s->state == PX_S_OPEN && !s->proxy_closing && !s->client_gone) {
+  if (px_life_is_open(s)) {
     if (!was_ready)
       px_own_open(s);
     else

@@ -583,7 +583,7 @@ static void unpark(px_session *s) {
     return;
   px_ring todo = s->parked;
   s->parked = (px_ring){0};
-  for (uint32_t i = 0; i < todo.n && s->state != PX_S_CLOSED; i++) {
+  for (uint32_t i = 0; i < todo.n && !px_life_closed(s); i++) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
@@ -768,7 +768,7 @@ static bool refused(px_session *s, px_chan *c, px_delivery *d,
                     const px_retry_op *op, const char *why) {
   uint64_t now = uv_now(s->srv->loop);
   uint64_t first = op->refused_ms ? op->refused_ms : now;
-  if (why != WHY_NACKED || op->returned || s->conn_held ||
+  if (why != WHY_NACKED || op->returned || px_life_conn_held(s) ||
       now - first >= s->srv->cfg->retry_confirm_timeout_ms)
     return false;
   if (!defer_requeue(s, c, d, op->is_reject, true, why, first))
@@ -841,14 +841,14 @@ void px_retry_defer_due(uv_timer_t *timer) {
     *f = *defer_at(s, s->defers.n - 1); /* order does not matter */
     s->defers.n--;
   }
-  for (uint32_t i = 0; i < due.n && s->state != PX_S_CLOSED; i++)
+  for (uint32_t i = 0; i < due.n && !px_life_closed(s); i++)
     defer_fire(s, px_ring_at(&due, sizeof(px_defer), i));
   px_ring_free(&due);
-  if (s->own_reopen_ms && s->own_reopen_ms <= now && s->state != PX_S_CLOSED) {
+  if (s->own_reopen_ms && s->own_reopen_ms <= now && !px_life_closed(s)) {
     s->own_reopen_ms = 0;
     px_own_reopen(s);
   }
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     arm_defer_timer(s);
   s->hooks->flush(s);
 }
@@ -859,7 +859,7 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why) {
   /* a client whose connection.close waits gets no delay: the broker
    * requeues what it leaves unsettled as soon as the close goes on */
-  if (d->rule && !s->conn_held &&
+  if (d->rule && !px_life_conn_held(s) &&
       defer_requeue(s, c, d, is_reject, retry, why, 0))
     return;
   if (!emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,

@@ -66,7 +66,7 @@ static void session_free(px_session *s) {
   px_frames_chans_free(s);
   px_retry_free(s);
   px_ring_free(&s->relq);
-  if (s->conn_held)
+  if (px_life_conn_held(s))
     px_chunk_unref(s->conn_hold.chunk);
   px_conn_free(&s->client);
   px_conn_free(&s->upstream);
@@ -83,7 +83,7 @@ static void on_handle_closed(uv_handle_t *h) {
 
 static void on_conn_closed(void *ctx, px_conn *c) {
   px_session *s = ctx;
-  if (c == &s->upstream && s->state != PX_S_CLOSED) {
+  if (c == &s->upstream && !px_life_closed(s)) {
     /* a failed connect attempt: try the next upstream */
     s->open_handles--;
     upstream_try_next(s);
@@ -94,18 +94,17 @@ static void on_conn_closed(void *ctx, px_conn *c) {
 }
 
 void px_session_close(px_session *s, px_close_reason reason) {
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   px_life_note(s, reason ? reason : PX_CR_CLOSE_TIMEOUT);
   uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
   px_info("session_close", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
-          PX_S("state", px_state_name(s->state)), PX_U("duration_ms", ms),
+          PX_S("state", px_close_phase_name(s->phase)), PX_U("duration_ms", ms),
           PX_U("bytes_from_client", s->client.bytes_in),
           PX_U("bytes_to_client", s->client.bytes_out),
           PX_S("reason", px_close_text(s->close_reason)));
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
-  px_life_set_state(s, PX_S_CLOSED);
   px_life_phase(s, PX_PHASE_CLOSED);
   uv_close((uv_handle_t *)&s->timer, on_handle_closed);
   uv_timer_stop(&s->retry_timer);
@@ -132,7 +131,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
 
 static void on_retries_timeout(px_session *s) {
   /* replaces the reason client_gone_finish() gave: this one says more */
-  s->close_reason = s->client_write_failed
+  s->close_reason = s->close_reason == PX_CR_CLIENT_WRITE_FAILED
                         ? PX_CR_CLIENT_WRITE_FAILED_RETRIES_TIMEOUT
                         : PX_CR_CLIENT_DISCONNECTED_RETRIES_TIMEOUT;
   px_session_close(s, s->close_reason);
@@ -153,10 +152,9 @@ static void client_stop_writing(px_session *s) {
  * for at most retry_finish_timeout. false when there is nothing to finish
  * (or no broker to finish it with). */
 static bool client_gone_finish(px_session *s, bool write_failed) {
-  if (!px_retry_busy(s) || !s->upstream.connected || s->client_gone)
-    return s->client_gone;
-  s->client_gone = true;
-  s->client_write_failed = write_failed;
+  bool gone = s->phase == PX_PHASE_CLIENT_GONE;
+  if (!px_retry_busy(s) || !s->upstream.connected || gone)
+    return gone;
   px_conn_stop_reading(&s->client);
   client_stop_writing(s);
   px_info("client_gone_retries_pending", PX_U("id", s->id),
@@ -184,7 +182,6 @@ static void on_client_dead_timeout(px_session *s) {
 }
 
 static void client_write_failed(px_session *s, int err) {
-  s->client_write_failed = true;
   client_stop_writing(s);
   px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
@@ -200,13 +197,14 @@ static void side_write_failed(px_session *s, px_conn *side, int err) {
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
     return;
   }
-  if (side == &s->client && (s->state == PX_S_FINISHING || side->lingering)) {
+  if (side == &s->client &&
+      (s->phase == PX_PHASE_FINISHING || side->lingering)) {
     px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
   }
   if (side == &s->client) { /* once: later failures of writes in flight
                                say nothing new */
-    if (!s->client_write_failed && !s->client_gone)
+    if (!s->client.discard)
       client_write_failed(s, err);
     return;
   }
@@ -218,7 +216,7 @@ static void side_write_failed(px_session *s, px_conn *side, int err) {
 /* Bytes waiting to reach `side`: in flight, and for the upstream side the
  * client frames held on channels (they are sent once released). */
 static size_t side_pending(const px_session *s, const px_conn *side) {
-  if (side == &s->client && (s->client_gone || s->client_write_failed))
+  if (side == &s->client && s->client.discard)
     return 0; /* nothing more reaches it: the broker is read again */
   return px_conn_pending(side) + (side == &s->upstream ? s->held_bytes : 0);
 }
@@ -237,14 +235,14 @@ static void side_pressure(px_conn *side) {
 
 static void on_conn_written(void *ctx, px_conn *side) {
   px_session *s = ctx;
-  if (s->state == PX_S_CLOSED || (side->lingering && px_conn_drained(side)))
+  if (px_life_closed(s) || (side->lingering && px_conn_drained(side)))
     return;
   side_pressure(side);
 }
 
 static void on_conn_write_failed(void *ctx, px_conn *side, int err) {
   px_session *s = ctx;
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     side_write_failed(s, side, err);
 }
 
@@ -278,14 +276,14 @@ static px_close_reason out_reason(px_out_status st) {
  * goes where the transport's would, any other failure closes. */
 static void check_out(px_session *s) {
   px_out *o = &s->out;
-  if (s->close_req && s->state != PX_S_CLOSED)
+  if (s->close_req && !px_life_closed(s))
     px_session_close(s, s->close_req);
-  if (o->write_error && s->state != PX_S_CLOSED) {
+  if (o->write_error && !px_life_closed(s)) {
     int err = o->write_error;
     o->write_error = 0;
     side_write_failed(s, o->write_failed_on, err);
   }
-  if (o->failed && s->state != PX_S_CLOSED)
+  if (o->failed && !px_life_closed(s))
     px_session_close(s, out_reason(o->failed));
 }
 
@@ -301,11 +299,11 @@ static void after_event(px_session *s);
 static void session_flush(px_session *s) {
   check_out(s);
   after_event(s);
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     side_flush(&s->upstream);
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     side_flush(&s->client);
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     side_pressure(&s->upstream);
 }
 
@@ -336,7 +334,7 @@ static void release_one(px_session *s, px_chan *c) {
   uint16_t ch = c->client_ch;
   uint32_t gen = c->gen;
   c->held = false;
-  while (c && !c->held && px_chan_nheld(c) && s->state != PX_S_CLOSED &&
+  while (c && !c->held && px_chan_nheld(c) && !px_life_closed(s) &&
          !px_out_failed(&s->out)) {
     px_slice h = px_chan_pop_held(c);
     s->held_bytes -= h.len;
@@ -358,7 +356,7 @@ static void release_one(px_session *s, px_chan *c) {
 /* Drain the release queue (releases may queue more). */
 static void release_pending(px_session *s) {
   bool any = false;
-  while (s->relq.n && s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
+  while (s->relq.n && !px_life_closed(s) && !px_out_failed(&s->out)) {
     px_release r = *(px_release *)px_ring_at(&s->relq, sizeof r, 0);
     px_ring_drop(&s->relq, 1);
     px_chan *c = px_tab_get(&s->by_client, r.ch);
@@ -368,9 +366,9 @@ static void release_pending(px_session *s) {
     release_one(s, c);
     any = true;
   }
-  if (any && s->state != PX_S_CLOSED) {
+  if (any && !px_life_closed(s)) {
     side_flush(&s->upstream);
-    if (s->state != PX_S_CLOSED)
+    if (!px_life_closed(s))
       side_pressure(&s->upstream);
   }
 }
@@ -379,14 +377,14 @@ static void release_pending(px_session *s) {
  * parked copies go; once nothing is pending any more, what waited for
  * that (px_frames_retry_idle()). */
 static void after_event(px_session *s) {
-  while (s->state != PX_S_CLOSED && !px_out_failed(&s->out)) {
+  while (!px_life_closed(s) && !px_out_failed(&s->out)) {
     release_pending(s);
-    if (s->state == PX_S_CLOSED || !px_retry_unpark(s) || !s->relq.n)
+    if (px_life_closed(s) || !px_retry_unpark(s) || !s->relq.n)
       break;
   }
   if (s->idle_due && !px_frames_awaits_idle(s))
     s->idle_due = false; /* nothing waits for the retries */
-  if (s->state != PX_S_CLOSED && s->idle_due && !px_retry_busy(s)) {
+  if (!px_life_closed(s) && s->idle_due && !px_retry_busy(s)) {
     s->idle_due = false;
     px_frames_retry_idle(s);
   }
@@ -406,8 +404,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
             PX_S("sent", what));
     s->srv->stats.protocol_errors++;
     c->off = c->len; /* answered once; nothing more is read from it */
-    s->proxy_closing = true;
-    px_life_set_state(s, PX_S_CLOSING);
+    s->closer = PX_BY_REBOUND;
     if (px_out_bytes(&s->out, &s->client, amqp_protocol_header,
                      AMQP_PROTOCOL_HEADER_SIZE) != PX_OUT_OK) {
       check_out(s);
@@ -422,7 +419,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
   }
   side_queue(&s->upstream, c, c->data + c->off, AMQP_PROTOCOL_HEADER_SIZE);
   c->off += AMQP_PROTOCOL_HEADER_SIZE;
-  px_life_set_state(s, PX_S_HANDSHAKE);
+  px_life_phase(s, PX_PHASE_HANDSHAKE);
   return 1;
 }
 
@@ -480,9 +477,7 @@ static void await_close_ok(px_session *s, px_chunk *c) {
 static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
                       uint32_t n, px_chan *hold) {
   if (act == PX_HOLD_CONN) {
-    px_chunk_ref(c);
-    s->conn_hold = (px_slice){c, raw, n};
-    s->conn_held = true;
+    px_life_hold_conn_close(s, c, raw, n);
   } else if (act == PX_HOLD) {
     px_chunk_ref(c);
     if (px_chan_hold(hold, (px_slice){c, raw, n}) != 0) {
@@ -502,14 +497,15 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
   if (from == &s->upstream && from->lingering &&
       s->up_end == PX_UP_CLOSE_SENT) {
     await_close_ok(s, c); /* a partial frame stays for the next read */
-    if (s->up_end == PX_UP_CLOSE_SENT || s->state == PX_S_CLOSED)
+    if (s->up_end == PX_UP_CLOSE_SENT || px_life_closed(s))
       return false;
   }
-  if (from->lingering || (from == &s->client && s->state == PX_S_FINISHING)) {
+  if (from->lingering ||
+      (from == &s->client && s->phase == PX_PHASE_FINISHING)) {
     c->off = c->len;
     return false;
   }
-  return from != &s->client || s->state != PX_S_CONNECTING ||
+  return from != &s->client || s->phase != PX_PHASE_CONNECTING ||
          check_client_header(s, c) > 0;
 }
 
@@ -520,7 +516,7 @@ static void process_input(px_session *s, px_conn *from) {
     return;
   uint64_t frames = 0;
   px_out_run_begin(&s->out, to, c, c->off);
-  while (s->state != PX_S_CLOSED) {
+  while (!px_life_closed(s)) {
     amqp_frame f;
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
                               frame_limit(s, from), &f);
@@ -532,16 +528,16 @@ static void process_input(px_session *s, px_conn *from) {
        * further garbage is dropped without another log line. */
       bool flushed = px_out_run_flush(&s->out, c->len) == PX_OUT_OK;
       c->off = c->len;
-      if (flushed && !s->proxy_closing)
+      if (flushed && !px_life_telling_client(s))
         input_error(s, from, n);
       break;
     }
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
     frames++;
-    int act = from == &s->upstream ? px_frames_upstream(s, &f, raw)
-              : s->conn_held       ? PX_DROP /* after its connection.close */
-                                   : px_frames_client(s, &f, raw, &hold);
+    int act = from == &s->upstream   ? px_frames_upstream(s, &f, raw)
+              : px_life_conn_held(s) ? PX_DROP /* after its connection.close */
+                                     : px_frames_client(s, &f, raw, &hold);
     c->off += (uint32_t)n;
     if (act == PX_FORWARD) { /* the common case: the run grows */
       px_out_run_extend(&s->out, c->off);
@@ -562,11 +558,11 @@ static void process_input(px_session *s, px_conn *from) {
   if (s->relq.n || s->idle_due) /* released by a forwarded frame */
     after_event(s);
   check_out(s);
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   side_flush(to);
   side_flush(from);
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     side_pressure(&s->upstream);
 }
 
@@ -574,7 +570,7 @@ static void process_input(px_session *s, px_conn *from) {
  * (whose size the parser has already checked against frame-max). */
 static void settle_chunk(px_session *s, px_conn *side) {
   px_chunk *c = px_conn_input(side);
-  if (!c || s->state == PX_S_CONNECTING) /* protocol header pending */
+  if (!c || s->phase == PX_PHASE_CONNECTING) /* protocol header pending */
     return;
   uint64_t need = amqp_frame_size_at(c->data + c->off, c->len - c->off);
   if (need > frame_limit(s, side))
@@ -585,30 +581,30 @@ static void settle_chunk(px_session *s, px_conn *side) {
 
 static void side_eof(px_session *s, px_conn *side, ssize_t err) {
   bool clean = err == UV_EOF;
-  if (side->lingering || (side == &s->client && s->state == PX_S_FINISHING)) {
+  if (side->lingering ||
+      (side == &s->client && s->phase == PX_PHASE_FINISHING)) {
     px_session_close(s, PX_CR_CLIENT_CLOSED);
     return;
   }
-  if (side == &s->upstream && s->state == PX_S_FINISHING) {
+  if (side == &s->upstream && s->phase == PX_PHASE_FINISHING) {
     px_life_close_after_flush(s, &s->client, PX_CR_BROKER_CLOSED);
     return;
   }
   /* open, or closing (the client's close held, or rebound draining) */
-  if (side == &s->client && client_gone_finish(s, s->client_write_failed))
+  if (side == &s->client && client_gone_finish(s, s->client.discard))
     return;
   if (side == &s->client) {
     if (!clean)
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("error", uv_strerror((int)err)));
-    px_life_end_upstream(s, s->state == PX_S_CLOSING
+    px_life_end_upstream(s, s->closer != PX_BY_NONE
                                 ? PX_CR_CLIENT_CLOSED
                                 : PX_CR_CLIENT_DISCONNECTED);
     return;
   }
-  if (s->state == PX_S_CLOSING || s->state == PX_S_CONNECTING ||
-      s->state == PX_S_HANDSHAKE || s->proxy_closing) {
+  if (s->closer != PX_BY_NONE || s->up_end == PX_UP_HANDSHAKE) {
     px_life_close_after_flush(s, &s->client,
-                              s->state == PX_S_CLOSING
+                              s->closer != PX_BY_NONE
                                   ? PX_CR_BROKER_CLOSED
                                   : PX_CR_BROKER_DISCONNECTED);
     return;
@@ -622,7 +618,7 @@ static void side_eof(px_session *s, px_conn *side, ssize_t err) {
 
 static void on_conn_eof(void *ctx, px_conn *side, int err) {
   px_session *s = ctx;
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   if (err == UV_ENOBUFS)
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
@@ -633,14 +629,14 @@ static void on_conn_eof(void *ctx, px_conn *side, int err) {
 
 static void on_conn_data(void *ctx, px_conn *side, size_t n) {
   px_session *s = ctx;
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   if (side == &s->client)
     s->srv->stats.bytes_c2u += (uint64_t)n;
   else
     s->srv->stats.bytes_u2c += (uint64_t)n;
   process_input(s, side);
-  if (s->state != PX_S_CLOSED)
+  if (!px_life_closed(s))
     settle_chunk(s, side);
 }
 
@@ -664,7 +660,7 @@ static void note_upstream_error(px_session *s, const char *err) {
 static void on_conn_connected(void *ctx, px_conn *c, int status) {
   px_session *s = ctx;
   (void)c;
-  if (s->state == PX_S_CLOSED)
+  if (px_life_closed(s))
     return;
   if (status < 0) {
     note_upstream_error(s, uv_strerror(status));
@@ -674,13 +670,13 @@ static void on_conn_connected(void *ctx, px_conn *c, int status) {
   }
   s->srv->upstream_ok = true;
   s->srv->stats.upstream_connections_total++;
-  if (s->state != PX_S_CONNECTING)
+  if (s->phase != PX_PHASE_CONNECTING)
     return; /* already closing (a bad protocol header) */
   px_conn_read(&s->upstream);
   px_chunk *in = px_conn_input(&s->client);
   if (in && in->len > in->off) {
     process_input(s, &s->client);
-    if (s->state != PX_S_CLOSED)
+    if (!px_life_closed(s))
       settle_chunk(s, &s->client);
   }
   px_conn_read(&s->client);
@@ -707,7 +703,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status,
                         struct addrinfo *res) {
   px_session *s = req->data;
   s->gai_pending = false;
-  if (s->state == PX_S_CLOSED) {
+  if (px_life_closed(s)) {
     uv_freeaddrinfo(res);
     if (s->open_handles == 0)
       session_free(s);
@@ -759,7 +755,7 @@ static void upstream_try_next(px_session *s) {
 
 static void on_handshake_timeout(px_session *s) {
   px_warn("handshake_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("state", px_state_name(s->state)),
+          PX_S("state", px_close_phase_name(s->phase)),
           PX_U("timeout_ms", s->srv->cfg->handshake_timeout_ms));
   px_session_close(s, PX_CR_HANDSHAKE_TIMEOUT);
 }
@@ -767,6 +763,7 @@ static void on_handshake_timeout(px_session *s) {
 /* A phase's time is up. */
 static void on_phase_timeout(px_session *s) {
   switch ((px_close_phase)s->phase) {
+  case PX_PHASE_CONNECTING:
   case PX_PHASE_HANDSHAKE:
     on_handshake_timeout(s);
     break;
@@ -777,11 +774,13 @@ static void on_phase_timeout(px_session *s) {
     on_retries_timeout(s);
     break;
   case PX_PHASE_TELLING_CLIENT:
+  case PX_PHASE_CLIENT_ANSWERED:
   case PX_PHASE_FINISHING:
   case PX_PHASE_LINGER:
     px_session_close(s, PX_CR_CLOSE_TIMEOUT);
     break;
   case PX_PHASE_OPEN:
+  case PX_PHASE_CLOSING:
   case PX_PHASE_CLOSED:
     break;
   }
@@ -829,7 +828,6 @@ static void session_start(px_session *s) {
   s->open_handles += 3;
   s->id = ++srv->next_id;
   s->started_ms = uv_now(srv->loop);
-  s->state = PX_S_CONNECTING;
   px_conn_peer(&s->client, s->peer, sizeof s->peer);
 
   s->next = srv->sessions;
@@ -840,7 +838,7 @@ static void session_start(px_session *s) {
   srv->stats.sessions_current++;
   px_debug("session_accept", PX_U("id", s->id), PX_S("peer", s->peer));
 
-  px_life_phase(s, PX_PHASE_HANDSHAKE);
+  px_life_phase(s, PX_PHASE_CONNECTING); /* its timer starts */
   px_conn_read(&s->client);
   upstream_try_next(s);
 }
@@ -851,7 +849,7 @@ int px_session_accept(px_server *srv, uv_stream_t *listener) {
     return UV_ENOMEM;
   int rc = px_conn_accept(&s->client, srv->loop, listener);
   if (rc < 0) {
-    s->state = PX_S_CLOSED;
+    s->phase = PX_PHASE_CLOSED;
     if (!s->client.open) {
       free(s);
       return rc;
@@ -876,11 +874,12 @@ px_session *px_session_new(px_server *srv, const px_conn_io *client_io,
 }
 
 void px_session_drain(px_session *s) {
-  if (s->state != PX_S_OPEN) {
+  if (s->phase == PX_PHASE_CLIENT_DEAD || s->phase == PX_PHASE_CLIENT_GONE)
+    return; /* ending already: what the client sent is finished first */
+  if (!px_life_is_open(s)) {
     px_session_close(s, PX_CR_SHUTTING_DOWN);
     return;
   }
-  s->draining = true;
   s->close_reason = PX_CR_SHUTTING_DOWN;
   px_life_tell_client(s, PX_CR_SHUTTING_DOWN);
   session_flush(s);
@@ -890,7 +889,7 @@ void px_session_snapshot(const px_session *s, px_session_snap *out) {
   *out = (px_session_snap){
       .id = s->id,
       .started_ms = s->started_ms,
-      .state = px_state_name(s->state),
+      .state = px_close_phase_name(s->phase),
       .channels = s->nchans,
       .bytes_from_client = s->client.bytes_in,
       .bytes_to_client = s->client.bytes_out,

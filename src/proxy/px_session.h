@@ -7,9 +7,8 @@
  * state, moves a client channel that collides with its own, and closes
  * cleanly on errors from either side.
  *
- * States (px_state): connecting -> handshake -> open -> closing ->
- * finishing -> closed. Every transition goes through px_life_set_state() in
- * px_session.c.
+ * Its lifecycle is one state machine, PX_CLOSE_PHASES below; px_life.h
+ * holds its transitions.
  */
 #ifndef PX_SESSION_H
 #define PX_SESSION_H
@@ -29,32 +28,50 @@
 
 struct px_server;
 
-/* Where a session is in ending (px_session.c: phase_enter() is the one
- * transition, logged as session_close_phase): X(id, name, how long it may
- * last, ms, 0 for no limit). Each phase replaces the last one's limit.
+/* A session's one lifecycle, from accept to closed: X(id, name, how long
+ * it may last in ms: 0 for no limit, PX_PHASE_RUNS_ON to keep the limit
+ * of the phase before). px_life_phase() is the one transition, logged as
+ * session_close_phase; each limit replaces the last one.
  *
- *   handshake -> open                      connection.open-ok
- *   open -> telling-client                 rebound sent the client
+ *   connecting -> handshake               the client's protocol header
+ *                                          passed on
+ *   handshake -> open                     connection.open-ok
+ *   handshake|open -> closing             a connection.close passed on
+ *                                          (either way): close-ok awaited
+ *   any -> telling-client                 rebound sent the client
  *                                          connection.close (error,
  *                                          shutdown, broker lost)
- *   open|telling-client -> finishing       a close-ok passed
- *   any -> client-dead                     a write to the client failed:
+ *   telling-client -> client-answered     shutting down: the client's
+ *                                          close-ok came; the broker's
+ *                                          side ends once no copy is
+ *                                          pending
+ *   any -> finishing                      a close-ok passed
+ *   any -> client-dead                    a write to the client failed:
  *                                          read what it sent until its EOF
- *   any -> client-gone                     it left with copies in flight:
+ *   any -> client-gone                    it left with copies in flight:
  *                                          they are finished first
- *   any -> linger                          ending through one side: its
+ *   any -> linger                         ending through one side: its
  *                                          output flushed, write side shut
  *                                          down, its EOF awaited
- *   any -> closed */
+ *   any -> closed
+ *
+ * Who began the ending is kept beside it (px_close_by), and how far the
+ * broker's side is (px_up_end). */
 #define PX_CLOSE_PHASES(X)                                                     \
-  X(HANDSHAKE, "handshake", s->srv->cfg->handshake_timeout_ms)                 \
+  X(CONNECTING, "connecting", s->srv->cfg->handshake_timeout_ms)               \
+  X(HANDSHAKE, "handshake", PX_PHASE_RUNS_ON)                                  \
   X(OPEN, "open", 0)                                                           \
+  X(CLOSING, "closing", 0)                                                     \
   X(TELLING_CLIENT, "telling-client", PX_CLOSE_WAIT_MS)                        \
+  X(CLIENT_ANSWERED, "client-answered", PX_PHASE_RUNS_ON)                      \
   X(FINISHING, "finishing", PX_FINISH_WAIT_MS)                                 \
   X(CLIENT_DEAD, "client-dead", PX_CLOSE_WAIT_MS)                              \
   X(CLIENT_GONE, "client-gone", cfg->retry_finish_timeout_ms)                  \
   X(LINGER, "linger", PX_CLOSE_WAIT_MS)                                        \
   X(CLOSED, "closed", 0)
+
+/* A phase's limit: the one of the phase before runs on. */
+#define PX_PHASE_RUNS_ON UINT64_MAX
 
 typedef enum px_close_phase {
 #define PX__PHASE_ENUM(id, name, wait) PX_PHASE_##id,
@@ -71,16 +88,23 @@ const char *px_close_phase_name(int phase);
  * wait). */
 #define PX_FINISH_WAIT_MS 30000
 
-typedef enum px_state {
-  PX_S_CONNECTING, /* client accepted, upstream connect in progress */
-  PX_S_HANDSHAKE,  /* protocol header passed on; start/tune/open running */
-  PX_S_OPEN,       /* connection.open-ok seen */
-  PX_S_CLOSING,    /* connection.close sent by someone, close-ok awaited */
-  PX_S_FINISHING,  /* close-ok passed on: as the broker does, the socket
-                      stays open, input is read and dropped, until a peer
-                      hangs up or a timer ends it */
-  PX_S_CLOSED,     /* handles closing */
-} px_state;
+/* Who began ending the connection: the first one, except that rebound's
+ * own connection.close to the client replaces a peer's (from then on
+ * only the client's close-ok matters). */
+#define PX_CLOSE_BY(X)                                                         \
+  X(NONE, "none")                                                              \
+  X(CLIENT, "client")                                                          \
+  X(BROKER, "broker")                                                          \
+  X(REBOUND, "rebound")   /* an error, a bad header, the broker lost */        \
+  X(SHUTDOWN, "shutdown") /* rebound is shutting down */
+
+typedef enum px_close_by {
+#define PX__BY_ENUM(id, name) PX_BY_##id,
+  PX_CLOSE_BY(PX__BY_ENUM)
+#undef PX__BY_ENUM
+} px_close_by;
+
+const char *px_close_by_name(int by);
 
 /* How the broker's side of the connection ends. RabbitMQ drops what it
  * has not yet acted on of a connection that hangs up, even one whose
@@ -128,8 +152,8 @@ typedef struct px_session {
   const px_session_hooks *hooks;
   struct px_session *prev, *next;
   uint64_t id;
-  px_state state;
-  uint8_t phase; /* px_close_phase */
+  uint8_t phase;  /* px_close_phase */
+  uint8_t closer; /* px_close_by */
   px_conn client, upstream;
   uv_timer_t timer;       /* handshake, then close-ok wait */
   uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
@@ -178,9 +202,6 @@ typedef struct px_session {
   uint16_t yield_waiter;  /* client channel waiting for own_ch's number */
   bool yield_requested;   /* close own channel once it is ready */
 
-  bool proxy_closing; /* we sent connection.close to the client */
-  bool draining;      /* ... because rebound is shutting down */
-
   /* retry path (px_retry.c) */
   px_ring ops;    /* px_retry_op: copies awaiting the broker's confirm,
                      in publish order */
@@ -201,8 +222,6 @@ typedef struct px_session {
   uint64_t held_bytes;      /* client frames held on channels: they count
                                against the upstream side's watermarks */
   bool warned_uncached;
-  bool client_gone;         /* client left while retries were pending */
-  bool client_write_failed; /* ... noticed through a failed write */
   /* client channels whose requeue waits for rebound's channel to reopen */
   struct {
     uint16_t ch;
@@ -212,11 +231,10 @@ typedef struct px_session {
   px_ring relq;       /* px_release: channels whose held frames are due */
   bool idle_due;      /* copies finished, or rebound's channel closed: once
                          nothing is pending, px_frames_retry_idle() runs */
-  bool conn_held;     /* the client's connection.close waits ... */
-  px_slice conn_hold; /* ... for the copies in flight */
-  bool close_upstream_idle; /* drained: close upstream once idle */
-  uint8_t up_end;           /* px_up_end: how far the broker's side is in
-                               ending */
+  px_slice conn_hold; /* the client's connection.close, waiting for the
+                         copies in flight (chunk NULL: none) */
+  uint8_t up_end;     /* px_up_end: how far the broker's side is in
+                         ending */
 
   px_out out; /* forwarded and generated frames, in order (px_out.h) */
 } px_session;
@@ -240,13 +258,11 @@ void px_session_drain(px_session *s);
  * unless an earlier one was noted. Safe to call twice. */
 void px_session_close(px_session *s, px_close_reason reason);
 
-const char *px_state_name(int state);
-
 /* What the admin endpoint shows of a session: a copy, taken now. */
 typedef struct px_session_snap {
   uint64_t id;
   uint64_t started_ms; /* the loop's clock */
-  const char *state;   /* px_state_name() */
+  const char *state;   /* px_close_phase_name() */
   char peer[64];
   char user[128];
   char vhost[128];

@@ -147,6 +147,7 @@ static uint32_t be32(const uint8_t *p) {
 /* ---- rebound's own channel: nothing of it reaches the client ----------- */
 
 #if __has_include("px_own.h") /* rebound's channel as a module of its own */
+#include "px_life.h"
 #include "px_own.h"
 static bool own_on_main(const px_session *s) {
   return px_own_on_main(s);
@@ -164,7 +165,7 @@ static void before_feed(void *ctx, fake_conn *f, const fake_piece *k) {
   fz *z = ctx;
   px_session *s = z->h->s;
   (void)f;
-  z->watch = k->tag > 1 && s && !s->proxy_closing && own_on_main(s) &&
+  z->watch = k->tag > 1 && s && !px_life_telling_client(s) && own_on_main(s) &&
              s->own_ch == (uint16_t)(k->tag - 1) && z->whole[H_CLIENT];
   z->client_mark = z->h->peer[H_CLIENT].log_len;
 }
