@@ -711,6 +711,20 @@ static void test_close_upstream_write_failed(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* The transport has no memory for a write: the session closes at once
+ * (nothing can be sent to tell anyone). */
+static void test_close_out_of_memory(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_peer(h, H_BROKER)->try_write_error = UV_ENOMEM;
+  hbuf *b = h_buf(h);
+  hb_heartbeat(b, 0);
+  h_sendb(h, H_CLIENT, b);
+  gone_as(h, "out of memory");
+  h_expect_none(h, H_CLIENT);
+}
+
 static void test_close_bad_protocol_header(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
@@ -963,6 +977,38 @@ static void test_close_drain_waits_for_parked(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q2", "1s"), 1);
 }
 
+/* A drain while the client is gone with a copy in flight: the copy is
+ * finished (its confirm, then the ack of its original) however long the
+ * confirm takes within the retry-finish timeout; the 2 s wait of a client
+ * being told to close does not cut it short. */
+static void test_close_drain_client_gone_finishes_copy(void **state) {
+  static const char *const args[] = {"--retry-queues",
+                                     "q",
+                                     "--retry-tiers",
+                                     "1s",
+                                     "--max-attempts",
+                                     "3",
+                                     "--retry-confirm-timeout",
+                                     "5s",
+                                     "--retry-finish-timeout",
+                                     "10s",
+                                     NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_settle(h); /* the session has seen the client go */
+  px_session_drain(h->s);
+  h_wait_ms(h, PX_CLOSE_WAIT_MS + 500);
+  assert_non_null(h->s);
+  h_expect_none(h, H_BROKER);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  client_leaves_answered(h);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
 static void test_close_drain_in_handshake(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
@@ -1050,6 +1096,20 @@ static void test_separate_write_fails(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 0);
 }
 
+/* The retry connection's transport has no memory for the copy's write:
+ * the session closes (the broker requeues the original, uncounted). */
+static void test_separate_write_out_of_memory(void **state) {
+  static const char *const args[] = {SEPARATE, NULL};
+  harness *h = start(state, args);
+  consuming_separate(h);
+  h_peer(h, H_PUB)->try_write_error = UV_ENOMEM;
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  gone_as(h, "retry connection write failed");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 0);
+}
+
 /* The retry connection is lost twice with a copy in flight and no copy
  * confirmed between: the first time it is opened again at once, the
  * second time only after the backoff. */
@@ -1090,6 +1150,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
       cmocka_unit_test_teardown(test_separate_copy_then_ack, teardown),
       cmocka_unit_test_teardown(test_separate_write_fails, teardown),
+      cmocka_unit_test_teardown(test_separate_write_out_of_memory, teardown),
       cmocka_unit_test_teardown(test_separate_lost_twice_backs_off, teardown),
       cmocka_unit_test_teardown(test_close_client_eof, teardown),
       cmocka_unit_test_teardown(test_close_client_reset, teardown),
@@ -1110,6 +1171,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_client_write_completes_failed,
                                 teardown),
       cmocka_unit_test_teardown(test_close_upstream_write_failed, teardown),
+      cmocka_unit_test_teardown(test_close_out_of_memory, teardown),
       cmocka_unit_test_teardown(test_close_bad_protocol_header, teardown),
       cmocka_unit_test_teardown(test_close_handshake_timeout, teardown),
       cmocka_unit_test_teardown(test_close_no_upstream, teardown),
@@ -1125,6 +1187,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_client_silent_after_error, teardown),
       cmocka_unit_test_teardown(test_close_drain, teardown),
       cmocka_unit_test_teardown(test_close_drain_waits_for_parked, teardown),
+      cmocka_unit_test_teardown(test_close_drain_client_gone_finishes_copy,
+                                teardown),
       cmocka_unit_test_teardown(test_close_drain_in_handshake, teardown),
   };
   h_on_fail(cmocka_fail);
