@@ -68,7 +68,7 @@ void px_life_phase(px_session *s, px_close_phase to) {
 }
 
 void px_life_closing(px_session *s, px_close_by by) {
-  if (by > s->closer)
+  if (s->closer == PX_BY_NONE)
     s->closer = (uint8_t)by;
   if (s->phase == PX_PHASE_HANDSHAKE || s->phase == PX_PHASE_OPEN)
     px_life_phase(s, PX_PHASE_CLOSING);
