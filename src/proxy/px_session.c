@@ -178,7 +178,7 @@ static void side_resume(px_session *s, px_conn *side);
  * PX_CLOSE_WAIT_MS. */
 static void on_client_dead_timeout(px_session *s) {
   if (!client_gone_finish(s, true))
-    px_session_close(s, PX_CR_CLIENT_WRITE_FAILED);
+    px_life_end_upstream(s, PX_CR_CLIENT_WRITE_FAILED);
 }
 
 static void client_write_failed(px_session *s, int err) {
@@ -767,6 +767,10 @@ static void on_phase_timeout(px_session *s) {
   case PX_PHASE_HANDSHAKE:
     on_handshake_timeout(s);
     break;
+  case PX_PHASE_CLOSING: /* only the handshake's limit runs on into it
+                            (open has none) */
+    on_handshake_timeout(s);
+    break;
   case PX_PHASE_CLIENT_DEAD:
     on_client_dead_timeout(s);
     break;
@@ -780,7 +784,6 @@ static void on_phase_timeout(px_session *s) {
     px_session_close(s, PX_CR_CLOSE_TIMEOUT);
     break;
   case PX_PHASE_OPEN:
-  case PX_PHASE_CLOSING:
   case PX_PHASE_CLOSED:
     break;
   }
@@ -873,16 +876,27 @@ px_session *px_session_new(px_server *srv, const px_conn_io *client_io,
   return s;
 }
 
+/* An open session is told to close; one not open yet, or finishing (both
+ * close-oks passed), is closed now. One that is ending already is left to
+ * its phase: it waits for an answer (a close-ok, a lingering peer's EOF)
+ * or finishes the copies of a client that is gone, within the phase's
+ * limit and the drain's. Closing it now could drop what the broker has
+ * not yet acted on (acks of originals whose copies are confirmed). */
 void px_session_drain(px_session *s) {
-  if (s->phase == PX_PHASE_CLIENT_DEAD || s->phase == PX_PHASE_CLIENT_GONE)
-    return; /* ending already: what the client sent is finished first */
-  if (!px_life_is_open(s)) {
+  switch ((px_close_phase)s->phase) {
+  case PX_PHASE_OPEN:
+    s->close_reason = PX_CR_SHUTTING_DOWN;
+    px_life_tell_client(s, PX_CR_SHUTTING_DOWN);
+    session_flush(s);
+    return;
+  case PX_PHASE_CONNECTING:
+  case PX_PHASE_HANDSHAKE:
+  case PX_PHASE_FINISHING:
     px_session_close(s, PX_CR_SHUTTING_DOWN);
     return;
+  default:
+    return;
   }
-  s->close_reason = PX_CR_SHUTTING_DOWN;
-  px_life_tell_client(s, PX_CR_SHUTTING_DOWN);
-  session_flush(s);
 }
 
 void px_session_snapshot(const px_session *s, px_session_snap *out) {

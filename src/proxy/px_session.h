@@ -38,13 +38,16 @@ struct px_server;
  *   handshake -> open                     connection.open-ok
  *   handshake|open -> closing             a connection.close passed on
  *                                          (either way): close-ok awaited
+ *                                          (within the handshake's limit
+ *                                          if it came in the handshake)
  *   any -> telling-client                 rebound sent the client
  *                                          connection.close (error,
  *                                          shutdown, broker lost)
  *   telling-client -> client-answered     shutting down: the client's
  *                                          close-ok came; the broker's
  *                                          side ends once no copy is
- *                                          pending
+ *                                          pending (within the
+ *                                          retry-finish timeout)
  *   any -> finishing                      a close-ok passed
  *   any -> client-dead                    a write to the client failed:
  *                                          read what it sent until its EOF
@@ -61,9 +64,9 @@ struct px_server;
   X(CONNECTING, "connecting", s->srv->cfg->handshake_timeout_ms)               \
   X(HANDSHAKE, "handshake", PX_PHASE_RUNS_ON)                                  \
   X(OPEN, "open", 0)                                                           \
-  X(CLOSING, "closing", 0)                                                     \
+  X(CLOSING, "closing", PX_PHASE_RUNS_ON)                                      \
   X(TELLING_CLIENT, "telling-client", PX_CLOSE_WAIT_MS)                        \
-  X(CLIENT_ANSWERED, "client-answered", PX_PHASE_RUNS_ON)                      \
+  X(CLIENT_ANSWERED, "client-answered", cfg->retry_finish_timeout_ms)          \
   X(FINISHING, "finishing", PX_FINISH_WAIT_MS)                                 \
   X(CLIENT_DEAD, "client-dead", PX_CLOSE_WAIT_MS)                              \
   X(CLIENT_GONE, "client-gone", cfg->retry_finish_timeout_ms)                  \
