@@ -686,6 +686,29 @@ static void test_close_client_write_failed(void **state) {
   gone_as(h, "client write failed");
 }
 
+/* A write to the client failed and no EOF comes: after the client-dead
+ * wait the broker's side is ended with connection.close, and hung up on
+ * only once it is answered (not cut off: what the broker has not acted on
+ * would be dropped). */
+static void test_close_client_dead_timeout_ends_upstream(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_peer(h, H_CLIENT)->try_write_error = UV_EPIPE;
+  hbuf *b = h_buf(h);
+  hb_heartbeat(b, 0);
+  h_sendb(h, H_BROKER, b);
+  h_expect_within(h, H_BROKER, PX_CLOSE_WAIT_MS + 1000,
+                  "ch0 connection.close code=200 text=\"client write failed\"");
+  assert_non_null(h->s);
+  assert_false(h_peer(h, H_BROKER)->shut);
+  h_close_ok(h, H_BROKER, 0);
+  h_settle(h);
+  assert_true(h_peer(h, H_BROKER)->shut);
+  h_eof(h, H_BROKER, UV_EOF);
+  gone_as(h, "client write failed");
+}
+
 static void test_close_client_write_completes_failed(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
@@ -748,6 +771,19 @@ static void test_close_handshake_timeout(void **state) {
   gone_as(h, "handshake timeout");
   h_expect_none(h, H_CLIENT);
   h_expect_none(h, H_BROKER);
+}
+
+/* The broker refuses the login with connection.close and the client never
+ * answers: the handshake's limit still ends the session. */
+static void test_close_in_handshake_keeps_its_limit(void **state) {
+  static const char *const args[] = {POLICY, "--handshake-timeout", "300ms",
+                                     NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_BROKER, "protocol-header");
+  h_close(h, H_BROKER, 0, 403, "ACCESS_REFUSED");
+  h_expect(h, H_CLIENT, "ch0 connection.close code=403 *");
+  gone_as(h, "handshake timeout");
 }
 
 static void test_close_no_upstream(void **state) {
@@ -977,6 +1013,27 @@ static void test_close_drain_waits_for_parked(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q2", "1s"), 1);
 }
 
+/* A drain while the broker's side is being ended (the client hung up,
+ * rebound's connection.close awaits its answer): the session is left to
+ * finish that, not cut off before the close-ok. */
+static void test_close_drain_while_broker_answers(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect(h, H_BROKER,
+           "ch0 connection.close code=200 text=\"client disconnected\"");
+  px_session_drain(h->s);
+  h_settle(h);
+  assert_non_null(h->s);
+  assert_false(h_peer(h, H_BROKER)->shut);
+  h_close_ok(h, H_BROKER, 0);
+  h_settle(h);
+  assert_true(h_peer(h, H_BROKER)->shut);
+  h_eof(h, H_BROKER, UV_EOF);
+  gone_as(h, "client disconnected");
+}
+
 /* A drain while the client is gone with a copy in flight: the copy is
  * finished (its confirm, then the ack of its original) however long the
  * confirm takes within the retry-finish timeout; the 2 s wait of a client
@@ -1168,12 +1225,16 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_broker_lost, teardown),
       cmocka_unit_test_teardown(test_close_broker_gone_in_handshake, teardown),
       cmocka_unit_test_teardown(test_close_client_write_failed, teardown),
+      cmocka_unit_test_teardown(test_close_client_dead_timeout_ends_upstream,
+                                teardown),
       cmocka_unit_test_teardown(test_close_client_write_completes_failed,
                                 teardown),
       cmocka_unit_test_teardown(test_close_upstream_write_failed, teardown),
       cmocka_unit_test_teardown(test_close_out_of_memory, teardown),
       cmocka_unit_test_teardown(test_close_bad_protocol_header, teardown),
       cmocka_unit_test_teardown(test_close_handshake_timeout, teardown),
+      cmocka_unit_test_teardown(test_close_in_handshake_keeps_its_limit,
+                                teardown),
       cmocka_unit_test_teardown(test_close_no_upstream, teardown),
       cmocka_unit_test_teardown(test_close_bad_frame_end, teardown),
       cmocka_unit_test_teardown(test_close_class_on_channel0, teardown),
@@ -1187,6 +1248,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_client_silent_after_error, teardown),
       cmocka_unit_test_teardown(test_close_drain, teardown),
       cmocka_unit_test_teardown(test_close_drain_waits_for_parked, teardown),
+      cmocka_unit_test_teardown(test_close_drain_while_broker_answers,
+                                teardown),
       cmocka_unit_test_teardown(test_close_drain_client_gone_finishes_copy,
                                 teardown),
       cmocka_unit_test_teardown(test_close_drain_in_handshake, teardown),
