@@ -109,12 +109,19 @@ static void tcp_on_connect(uv_connect_t *req, int status) {
   px_conn_connected(c, status);
 }
 
-static int tcp_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
+int px_conn_tcp_open(px_conn *c, uv_loop_t *loop) {
   int rc = uv_tcp_init(loop, &c->tcp);
   if (rc < 0)
     return rc;
   c->tcp.data = c;
   c->open = true;
+  return 0;
+}
+
+static int tcp_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
+  int rc = px_conn_tcp_open(c, loop);
+  if (rc < 0)
+    return rc;
   c->connect_req.data = c;
   return uv_tcp_connect(&c->connect_req, &c->tcp, sa, tcp_on_connect);
 }
@@ -130,7 +137,7 @@ void px_conn_adopt(px_conn *c, const px_conn_io *io) {
 }
 
 void px_conn_keepalive(px_conn *c, unsigned secs) {
-  if (c->open && c->io == &tcp_io)
+  if (c->open && (c->io == &tcp_io || c->tls))
     uv_tcp_keepalive(&c->tcp, 1, secs);
 }
 
@@ -139,7 +146,7 @@ void px_conn_peer(px_conn *c, char *out, size_t cap) {
   int len = sizeof ss;
   char ip[INET6_ADDRSTRLEN] = "?";
   uint16_t port = 0;
-  if (c->open && c->io == &tcp_io &&
+  if (c->open && (c->io == &tcp_io || c->tls) &&
       uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
     if (ss.ss_family == AF_INET6) {
       struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
@@ -420,11 +427,12 @@ int px_conn_release_shutdown(px_conn *c) {
 }
 
 void px_conn_close(px_conn *c) {
-  if (c->open)
-    c->io->close(c);
-  c->open = false;
+  bool was_open = c->open;
+  c->open = false; /* writes the transport cancels now report nothing */
   c->connected = false;
   c->reading = false;
+  if (was_open)
+    c->io->close(c);
 }
 
 void px_conn_closed(px_conn *c) {
@@ -433,6 +441,8 @@ void px_conn_closed(px_conn *c) {
 }
 
 void px_conn_free(px_conn *c) {
+  if (c->io && c->io->release)
+    c->io->release(c);
   drop_out(c);
   if (c->in)
     px_chunk_unref(c->in);

@@ -78,14 +78,18 @@ typedef struct px_conn_io {
   int (*write)(px_conn *c, px_conn_write *w);
   int (*shutdown)(px_conn *c);
   void (*close)(px_conn *c);
+  /* Free what the transport holds of a connection that never opened
+   * (NULL: nothing). */
+  void (*release)(px_conn *c);
 } px_conn_io;
 
 struct px_conn {
   const px_conn_io *io;
   const px_conn_events *ev;
   void *ctx;
-  const char *name; /* "client", "upstream": for logs */
-  uv_tcp_t tcp;     /* the plain TCP transport's handle */
+  const char *name;   /* "client", "upstream": for logs */
+  uv_tcp_t tcp;       /* the TCP handle of the plain and TLS transports */
+  struct px_tls *tls; /* the TLS transport's state (px_tls.c) */
   uv_shutdown_t shutdown_req;
   uv_connect_t connect_req;
   px_chunk *in; /* read chunk, NULL when idle */
@@ -113,6 +117,8 @@ int px_conn_accept(px_conn *c, uv_loop_t *loop, uv_stream_t *listener);
 /* Connect through the transport (the connected event follows). 0 or a
  * libuv error; `open` as for px_conn_accept(). */
 int px_conn_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa);
+/* For transports on TCP: initialise the handle (open from then on). */
+int px_conn_tcp_open(px_conn *c, uv_loop_t *loop);
 /* A connection set up by a transport of its own (a test's): open and
  * connected, its io given. */
 void px_conn_adopt(px_conn *c, const px_conn_io *io);
