@@ -5,6 +5,10 @@
 #                                 last stdout line: REBOUND_TEST_BROKER=amqp://...
 #   scripts/broker.sh stop DIR    stop it (idempotent)
 #
+# The node also listens for AMQP over TLS (REBOUND_TEST_BROKER_TLS_PORT in env), with
+# the certificates of tests/tls/make_certs.sh in DIR/tls (REBOUND_TEST_CERTS): the
+# server's certificate names localhost and 127.0.0.1, signed by DIR/tls/ca.pem.
+#
 # Files in DIR: env (sourceable: RABBITMQ_* for rabbitmqctl + REBOUND_TEST_BROKER),
 # url, rabbitmqctl (wrapper that sources env), rabbitmq.conf, enabled_plugins (empty),
 # cookie, launcher.pid (process group of the node), rabbitmq.pid (beam), log/, mnesia/.
@@ -16,6 +20,7 @@
 set -euo pipefail
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
+HERE=$(cd "$(dirname "$0")" && pwd)
 PY=$(command -v /usr/bin/python3 || command -v python3)
 START_TIMEOUT=${REBOUND_BROKER_START_TIMEOUT:-90}
 STOP_TIMEOUT=${REBOUND_BROKER_STOP_TIMEOUT:-30}
@@ -140,7 +145,7 @@ do_stop() {
 }
 
 do_start() {
-    local lpid bpid port dist cookie node i attempt reuse=0
+    local lpid bpid port dist tlsport cookie node i attempt reuse=0
     # Reuse a node already running for DIR (or wait for one that is booting).
     if [ -f "$ENV_FILE" ]; then
         port=$(set +u; . "$ENV_FILE"; echo "$RABBITMQ_NODE_PORT")
@@ -178,6 +183,11 @@ do_start() {
     for ((attempt = 1; ; attempt++)); do
     dist=$(free_port)
     while [ "$dist" = "$port" ]; do dist=$(free_port); done
+    tlsport=$(free_port)
+    while [ "$tlsport" = "$port" ] || [ "$tlsport" = "$dist" ]; do
+        tlsport=$(free_port)
+    done
+    sh "$HERE/../tests/tls/make_certs.sh" "$DIR/tls" || die "cannot make certificates"
     node=rebound-test-$port@localhost
     if [ -s "$DIR/cookie" ]; then
         cookie=$(cat "$DIR/cookie")
@@ -196,6 +206,14 @@ loopback_users.guest = true
 cluster_name = rebound-test
 log.console = false
 log.file.level = info
+EOF
+    cat >>"$DIR/rabbitmq.conf" <<EOF
+listeners.ssl.default = 127.0.0.1:$tlsport
+ssl_options.cacertfile = $DIR/tls/ca.pem
+ssl_options.certfile = $DIR/tls/server.pem
+ssl_options.keyfile = $DIR/tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
 EOF
 
     # Everything rabbitmq-server and rabbitmqctl need; sourceable by tests.
@@ -219,6 +237,8 @@ export REBOUND_TEST_BROKER=amqp://guest:guest@127.0.0.1:$port/
 # Same with the vhost spelled out: bunny and librabbitmq read a bare trailing "/" as
 # vhost "" (pika and kombu read it as "/").
 export REBOUND_TEST_BROKER_VHOST_URL=amqp://guest:guest@127.0.0.1:$port/%2F
+export REBOUND_TEST_BROKER_TLS_PORT=$tlsport
+export REBOUND_TEST_CERTS=$DIR/tls
 EOF
     echo "amqp://guest:guest@127.0.0.1:$port/" >"$DIR/url"
     cat >"$DIR/rabbitmqctl" <<EOF

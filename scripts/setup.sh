@@ -8,7 +8,7 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
             libyaml-dev node-llhttp)
-run_pkgs=(rabbitmq-server python3)
+run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
            valgrind haproxy)

@@ -36,6 +36,7 @@ typedef enum px_close_side {
   X(CLIENT_WRITE_FAILED_RETRIES_TIMEOUT, CLIENT, 0,                            \
     "client write failed (retries pending timed out)")                         \
   X(BAD_PROTOCOL_HEADER, CLIENT, 0, "bad protocol header")                     \
+  X(CLIENT_TLS_FAILED, CLIENT, 0, "client TLS failed")                         \
   X(BROKER_CLOSED, BROKER, 0, "broker closed")                                 \
   X(BROKER_DISCONNECTED, BROKER, 0, "broker disconnected")                     \
   X(BROKER_LOST, BROKER, AMQP_REPLY_CONNECTION_FORCED,                         \

@@ -113,11 +113,37 @@ int px_parse_size(const char *v, uint64_t *out) {
   return -1;
 }
 
+/* "HOST:PORT", or a URL: amqp://HOST[:PORT] (5672), amqps://HOST[:PORT]
+ * (5671, TLS); a trailing "/" is allowed, a vhost or credentials not
+ * (the client chooses those). */
+int px_upstream_parse(const char *s, px_addr *out) {
+  bool tls = strncmp(s, "amqps://", 8) == 0;
+  if (!tls && strncmp(s, "amqp://", 7) != 0) {
+    out->tls = false;
+    return px_addr_parse(s, out);
+  }
+  char buf[300];
+  const char *h = s + (tls ? 8 : 7);
+  size_t n = strlen(h);
+  if (n && h[n - 1] == '/')
+    n--;
+  if (n == 0 || n >= sizeof buf - 8 || memchr(h, '@', n) || memchr(h, '/', n))
+    return -1;
+  memcpy(buf, h, n);
+  buf[n] = '\0';
+  const char *close = buf[0] == '[' ? strchr(buf, ']') : NULL;
+  const char *colon = strrchr(close ? close : buf, ':');
+  if (!colon || (!close && memchr(buf, ':', (size_t)(colon - buf))))
+    snprintf(buf + n, sizeof buf - n, ":%u", tls ? 5671u : 5672u);
+  out->tls = tls;
+  return px_addr_parse(buf, out);
+}
+
 static int add_upstream(const char *item, void *arg) {
   px_config *c = arg;
   if (c->n_upstreams == PX_MAX_UPSTREAMS)
     return -1;
-  return px_addr_parse(item, &c->upstream[c->n_upstreams++]);
+  return px_upstream_parse(item, &c->upstream[c->n_upstreams++]);
 }
 
 /* Each option type's parser: 0 or -1. */
@@ -129,17 +155,29 @@ static int parse_PATH(px_config *c, char *field, size_t cap, const char *v) {
   return 0;
 }
 
-static int parse_ADDR(px_config *c, px_addr *field, const char *v) {
-  (void)c;
-  return px_addr_parse(v, field);
-}
-
 static int parse_log_format(const char *v, px_log_format *out) {
   if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0) {
     *out = v[0] == 'j' ? PX_LOG_JSON : PX_LOG_TEXT;
     return 0;
   }
   return -1;
+}
+
+static int parse_LISTEN(px_config *c, const char *v) {
+  c->listen_on = strcmp(v, "off") != 0;
+  return c->listen_on ? px_addr_parse(v, &c->listen) : 0;
+}
+
+static int parse_TLS_LISTEN(px_config *c, const char *v) {
+  c->tls.listen_on = strcmp(v, "off") != 0;
+  return c->tls.listen_on ? px_addr_parse(v, &c->tls.listen) : 0;
+}
+
+static int parse_ONOFF(bool *field, const char *v) {
+  if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+    return -1;
+  *field = v[1] == 'n';
+  return 0;
 }
 
 static int parse_ADMIN(px_config *c, const char *v) {
@@ -205,6 +243,10 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define PARSE_ADDR(c, field, v) parse_ADDR(c, &(c)->field, v)
 #define PARSE_ADDRS(c, field, v) parse_ADDRS(c, v)
 #define PARSE_ADMIN(c, field, v) parse_ADMIN(c, v)
+#define PARSE_LISTEN(c, field, v) parse_LISTEN(c, v)
+#define PARSE_TLS_LISTEN(c, field, v) parse_TLS_LISTEN(c, v)
+#define PARSE_ONOFF(c, field, v) parse_ONOFF(&(c)->field, v)
+#define PARSE_CIPHERS(c, field, v) PARSE_PATH(c, field, v)
 #define PARSE_LOG_LEVEL(c, field, v) px_log_level_parse(v, &(c)->field)
 #define PARSE_LOG_FORMAT(c, field, v) parse_log_format(v, &(c)->field)
 #define PARSE_DURATION(c, field, v) parse_DURATION(&(c)->field, v)
@@ -222,8 +264,14 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 /* What a valid value of each type looks like, for error messages. */
 #define EXPECT_PATH "a file path"
 #define EXPECT_ADMIN "HOST:PORT or off"
+#define EXPECT_LISTEN "HOST:PORT, [IPv6]:PORT or off"
+#define EXPECT_TLS_LISTEN "HOST:PORT, [IPv6]:PORT or off"
+#define EXPECT_ONOFF "on or off"
+#define EXPECT_CIPHERS "an OpenSSL cipher list like 'ECDHE+AESGCM'"
 #define EXPECT_ADDR "HOST:PORT or [IPv6]:PORT"
-#define EXPECT_ADDRS "HOST:PORT[,HOST:PORT...], at most 8"
+#define EXPECT_ADDRS                                                           \
+  "HOST:PORT, amqp://HOST[:PORT] or amqps://HOST[:PORT], comma-separated, "    \
+  "at most 8"
 #define EXPECT_LOG_FORMAT "text or json"
 #define EXPECT_LOG_LEVEL "debug, info, warn or error"
 #define EXPECT_DURATION "a duration like 500ms, 10s, 2m, 1h (at most 24h)"
@@ -368,6 +416,23 @@ static px_config_result load_layers(px_config *cfg, int argc, char **argv,
   return PX_CONFIG_OK;
 }
 
+/* Listeners and TLS files that only make sense together. */
+static int check_tls(const px_config *c, char *err, size_t errlen) {
+  const px_tls_config *t = &c->tls;
+  const char *why = NULL;
+  if (!c->listen_on && !t->listen_on)
+    why = "--listen and --tls-listen are both off: nothing accepts clients";
+  else if (t->listen_on && (!t->cert[0] || !t->key[0]))
+    why = "--tls-listen needs --tls-cert and --tls-key";
+  else if (!t->listen_on && (t->cert[0] || t->key[0] || t->client_ca[0]))
+    why = "--tls-cert, --tls-key and --tls-client-ca need --tls-listen";
+  else if (!t->upstream_cert[0] != !t->upstream_key[0])
+    why = "--upstream-cert and --upstream-key go together";
+  if (why)
+    snprintf(err, errlen, "%s", why);
+  return why ? -1 : 0;
+}
+
 px_config_result px_config_load(px_config *cfg, int argc, char **argv,
                                 const char *(*env)(const char *), char *err,
                                 size_t errlen) {
@@ -379,6 +444,8 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
   retry_rule_default(&cfg->rules[0]);
   cfg->retry.nrules = 1;
   px_config_result r = load_layers(cfg, argc, argv, env, err, errlen);
+  if (r == PX_CONFIG_OK && check_tls(cfg, err, errlen) != 0)
+    r = PX_CONFIG_ERROR;
   if (r == PX_CONFIG_OK)
     apply_override(cfg);
   return r;

@@ -19,10 +19,28 @@
 typedef struct px_addr {
   char host[256]; /* IPv4, IPv6 (no brackets) or a name */
   uint16_t port;
+  bool tls; /* an upstream written amqps:// */
 } px_addr;
 
+/* The TLS settings (PEM files; "" when not given). */
+typedef struct px_tls_config {
+  bool listen_on;           /* --tls-listen is not off */
+  px_addr listen;           /* --tls-listen */
+  char cert[1024];          /* --tls-cert */
+  char key[1024];           /* --tls-key */
+  char client_ca[1024];     /* --tls-client-ca: require client certs */
+  char ciphers[512];        /* --tls-ciphers (TLS 1.2) */
+  char ciphersuites[512];   /* --tls-ciphersuites (TLS 1.3) */
+  char upstream_ca[1024];   /* --upstream-ca ("": the system store) */
+  char upstream_cert[1024]; /* --upstream-cert */
+  char upstream_key[1024];  /* --upstream-key */
+  bool upstream_verify;     /* --upstream-verify on|off */
+} px_tls_config;
+
 typedef struct px_config {
+  bool listen_on; /* --listen is not off */
   px_addr listen;
+  px_tls_config tls;
   px_addr upstream[PX_MAX_UPSTREAMS];
   unsigned n_upstreams;
   px_log_level log_level;
@@ -57,10 +75,39 @@ typedef struct px_config {
     "YAML config file (flags and env override it)")                            \
   X(admin, "admin", "REBOUND_ADMIN", "admin", ADMIN, "127.0.0.1:9900",         \
     "HOST:PORT of the admin HTTP endpoint, or off")                            \
-  X(listen, "listen", "REBOUND_LISTEN", "listen", ADDR, "127.0.0.1:5673",      \
-    "HOST:PORT to accept AMQP clients on ([::1]:5673 for IPv6)")               \
+  X(listen, "listen", "REBOUND_LISTEN", "listen", LISTEN, "127.0.0.1:5673",    \
+    "HOST:PORT to accept AMQP clients on ([::1]:5673 for IPv6), or off")       \
+  X(tls.listen, "tls-listen", "REBOUND_TLS_LISTEN", "tls_listen", TLS_LISTEN,  \
+    "off",                                                                     \
+    "HOST:PORT to accept AMQP clients over TLS on (amqps: 5671), or off")      \
+  X(tls.cert, "tls-cert", "REBOUND_TLS_CERT", "tls_cert", PATH, "",            \
+    "the TLS listener's certificate chain (PEM)")                              \
+  X(tls.key, "tls-key", "REBOUND_TLS_KEY", "tls_key", PATH, "",                \
+    "the TLS listener's private key (PEM)")                                    \
+  X(tls.client_ca, "tls-client-ca", "REBOUND_TLS_CLIENT_CA", "tls_client_ca",  \
+    PATH, "", "require client certificates signed by these CAs (PEM)")         \
+  X(tls.ciphers, "tls-ciphers", "REBOUND_TLS_CIPHERS", "tls_ciphers", CIPHERS, \
+    "", "TLS 1.2 cipher list, both sides (default: OpenSSL's)")                \
+  X(tls.ciphersuites, "tls-ciphersuites", "REBOUND_TLS_CIPHERSUITES",          \
+    "tls_ciphersuites", CIPHERS, "",                                           \
+    "TLS 1.3 cipher suites, both sides (default: OpenSSL's)")                  \
   X(upstream, "upstream", "REBOUND_UPSTREAM", "upstreams", ADDRS,              \
-    "127.0.0.1:5672", "RabbitMQ HOST:PORT[,HOST:PORT...], tried in order")     \
+    "127.0.0.1:5672",                                                          \
+    "RabbitMQ HOST:PORT, amqp://HOST[:PORT] or amqps://HOST[:PORT], "          \
+    "comma-separated, tried in order")                                         \
+  X(tls.upstream_ca, "upstream-ca", "REBOUND_UPSTREAM_CA", "upstream_ca",      \
+    PATH, "",                                                                  \
+    "CAs that sign amqps upstreams' certificates (default: the "               \
+    "system store)")                                                           \
+  X(tls.upstream_cert, "upstream-cert", "REBOUND_UPSTREAM_CERT",               \
+    "upstream_cert", PATH, "",                                                 \
+    "client certificate rebound presents to amqps upstreams (PEM)")            \
+  X(tls.upstream_key, "upstream-key", "REBOUND_UPSTREAM_KEY", "upstream_key",  \
+    PATH, "", "its private key (PEM)")                                         \
+  X(tls.upstream_verify, "upstream-verify", "REBOUND_UPSTREAM_VERIFY",         \
+    "upstream_verify", ONOFF, "on",                                            \
+    "verify amqps upstreams' certificates and host names (off: warned at "     \
+    "start)")                                                                  \
   X(log_format, "log-format", "REBOUND_LOG_FORMAT", "log_format", LOG_FORMAT,  \
     "text", "text (logfmt) or json")                                           \
   X(log_level, "log-level", "REBOUND_LOG_LEVEL", "log_level", LOG_LEVEL,       \
@@ -122,6 +169,9 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
 
 /* Parse "HOST:PORT" or "[V6]:PORT". Returns 0 or -1. */
 int px_addr_parse(const char *s, px_addr *out);
+/* An upstream: "HOST:PORT", amqp://HOST[:PORT] (port 5672) or
+ * amqps://HOST[:PORT] (5671, TLS). Returns 0 or -1. */
+int px_upstream_parse(const char *s, px_addr *out);
 
 /* "host:port" or "[v6]:port" into `out`; returns `out`. */
 char *px_addr_format(const px_addr *a, char *out, size_t cap);

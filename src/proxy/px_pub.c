@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "px_tls.h"
+
 /* The largest frame the broker may send here: rebound's own channel only
  * gets confirms, returns (with the returned copy) and closes. */
 #define PUB_FRAME_LIMIT (4u * 1024 * 1024 + 4096)
@@ -422,6 +424,11 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
   px_conn_init(&p->conn, "retry", &conn_events, p);
   if (io)
     p->conn.io = io;
+  if (login->tls && px_tls_client(&p->conn, login->tls, login->tls_host) != 0) {
+    forget_login(p);
+    free(p);
+    return NULL;
+  }
   uv_timer_init(loop, &p->close_timer);
   p->close_timer.data = p;
   p->handles = 2;

@@ -52,8 +52,10 @@ typedef struct px_pub_events {
 typedef struct px_pub_login {
   amqp_bytes mechanism, response, locale, vhost;
   uint32_t frame_max;
-  uint32_t timeout_ms; /* connect and log in by then, or it failed */
-  const char *peer;    /* the client, for the connection's name */
+  uint32_t timeout_ms;    /* connect and log in by then, or it failed */
+  struct px_tls_ctx *tls; /* TLS with this context (NULL: plain) */
+  const char *tls_host;   /* ... for this host name (SNI, verification) */
+  const char *peer;       /* the client, for the connection's name */
 } px_pub_login;
 
 /* Connect to `addr` over `io` (NULL: plain TCP; px_conn.h) and log in,

@@ -25,6 +25,7 @@
 #include "px_log.h"
 #include "px_metrics.h"
 #include "px_session.h"
+#include "px_tls.h"
 
 #define PX_PROBE_INTERVAL_MS 2000
 /* File descriptors a client connection takes: its socket and its
@@ -139,7 +140,9 @@ static void on_connection(uv_stream_t *listener, int status) {
     accept_error(srv, rc);
     return;
   }
-  rc = px_session_accept(srv, listener);
+  rc = px_session_accept(
+      srv, listener,
+      (uv_tcp_t *)listener == srv->tls_listener ? srv->tls_server : NULL);
   if (rc < 0) {
     close_pending(srv, listener);
     accept_error(srv, rc);
@@ -301,14 +304,19 @@ static void on_listener_closed(uv_handle_t *h) {
   free(h);
 }
 
+static void close_listener(uv_tcp_t **l) {
+  if (*l) {
+    uv_close((uv_handle_t *)*l, on_listener_closed);
+    *l = NULL;
+  }
+}
+
 void px_server_stop(px_server *srv) {
   if (srv->stopped)
     return;
   srv->stopped = true;
-  if (srv->listener) {
-    uv_close((uv_handle_t *)srv->listener, on_listener_closed);
-    srv->listener = NULL;
-  }
+  close_listener(&srv->listener);
+  close_listener(&srv->tls_listener);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->probe_timer, NULL);
   if (srv->probe_busy && !uv_is_closing((uv_handle_t *)&srv->probe_tcp))
@@ -335,10 +343,8 @@ static void on_signal(uv_signal_t *sig, int signum) {
   px_info("shutdown", PX_I("signal", signum),
           PX_U("sessions", srv->stats.sessions_current),
           PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
-  if (srv->listener) {
-    uv_close((uv_handle_t *)srv->listener, on_listener_closed);
-    srv->listener = NULL;
-  }
+  close_listener(&srv->listener);
+  close_listener(&srv->tls_listener);
   for (px_session *s = srv->sessions, *next; s; s = next) {
     next = px_session_next(s); /* draining may unlink s */
     px_session_drain(s);
@@ -354,7 +360,8 @@ static void on_sigusr(uv_signal_t *sig, int signum) {
 }
 
 /* A new listening socket on `a`, or NULL (logged). */
-static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a) {
+static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a,
+                               const char *kind) {
   struct sockaddr_storage ss;
   char addr[300];
   int rc;
@@ -383,12 +390,87 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a) {
     uv_close((uv_handle_t *)l, on_listener_closed);
     return NULL;
   }
-  px_info("listening", PX_S("address", addr));
+  px_info("listening", PX_S("address", addr), PX_S("protocol", kind));
   return l;
 }
 
 static bool same_addr(const px_addr *a, const px_addr *b) {
   return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+/* A listener whose address (or on/off) changed on reload: the new one
+ * replaces it; one that cannot bind keeps the old (the new config is
+ * told so). */
+static void rebind(px_server *srv, uv_tcp_t **l, bool *on, px_addr *a,
+                   bool old_on, const px_addr *old, const char *kind) {
+  if (*on == old_on && (!*on || same_addr(a, old)))
+    return;
+  uv_tcp_t *n = *on ? bind_listener(srv, a, kind) : NULL;
+  if (*on && !n) {
+    *on = old_on; /* still listening where it was */
+    *a = *old;
+    return;
+  }
+  close_listener(l);
+  *l = n;
+}
+
+/* The TLS contexts for `cfg` (NULL where it has no use for one). false,
+ * logged, when a file does not load. */
+static bool tls_contexts(const px_config *cfg, px_tls_ctx **server,
+                         px_tls_ctx **upstream) {
+  char err[512];
+  const px_tls_config *t = &cfg->tls;
+  bool any_tls = false;
+  for (unsigned i = 0; i < cfg->n_upstreams; i++)
+    any_tls = any_tls || cfg->upstream[i].tls;
+  *server = *upstream = NULL;
+  if (t->listen_on) {
+    px_tls_opts o = {t->cert,
+                     t->key,
+                     t->client_ca[0] ? t->client_ca : NULL,
+                     false,
+                     t->ciphers[0] ? t->ciphers : NULL,
+                     t->ciphersuites[0] ? t->ciphersuites : NULL};
+    if (!(*server = px_tls_server_ctx(&o, err, sizeof err))) {
+      px_error("tls_listener_config_failed", PX_S("error", err));
+      return false;
+    }
+  }
+  if (any_tls) {
+    px_tls_opts o = {t->upstream_cert[0] ? t->upstream_cert : NULL,
+                     t->upstream_key[0] ? t->upstream_key : NULL,
+                     t->upstream_ca[0] ? t->upstream_ca : NULL,
+                     !t->upstream_verify,
+                     t->ciphers[0] ? t->ciphers : NULL,
+                     t->ciphersuites[0] ? t->ciphersuites : NULL};
+    if (!(*upstream = px_tls_client_ctx(&o, err, sizeof err))) {
+      px_error("tls_upstream_config_failed", PX_S("error", err));
+      px_tls_ctx_unref(*server);
+      *server = NULL;
+      return false;
+    }
+    if (!t->upstream_verify)
+      px_warn("upstream_verify_off",
+              PX_S("note", "amqps upstreams' certificates and host names are "
+                           "not verified"));
+  }
+  return true;
+}
+
+/* SIGHUP: certificates and keys read again; new handshakes use them, open
+ * connections keep theirs. A file that does not load keeps the running
+ * ones. */
+static void reload_tls(px_server *srv, const px_config *next) {
+  px_tls_ctx *server, *upstream;
+  if (!tls_contexts(next, &server, &upstream)) {
+    px_warn("tls_reload_kept", PX_S("kept", "the running certificates"));
+    return;
+  }
+  px_tls_ctx_unref(srv->tls_server);
+  px_tls_ctx_unref(srv->tls_upstream);
+  srv->tls_server = server;
+  srv->tls_upstream = upstream;
 }
 
 /* SIGHUP: read the config again. New policy for new decisions (copies in
@@ -409,15 +491,11 @@ static void reload(px_server *srv) {
     return;
   }
   px_config *old = (px_config *)srv->cfg;
-  if (!same_addr(&next->listen, &old->listen)) {
-    uv_tcp_t *l = bind_listener(srv, &next->listen);
-    if (l) {
-      uv_close((uv_handle_t *)srv->listener, on_listener_closed);
-      srv->listener = l;
-    } else {
-      next->listen = old->listen; /* still listening where it was */
-    }
-  }
+  rebind(srv, &srv->listener, &next->listen_on, &next->listen, old->listen_on,
+         &old->listen, "amqp");
+  rebind(srv, &srv->tls_listener, &next->tls.listen_on, &next->tls.listen,
+         old->tls.listen_on, &old->tls.listen, "amqps");
+  reload_tls(srv, next);
   if (next->admin_on != old->admin_on ||
       (next->admin_on && !same_addr(&next->admin, &old->admin))) {
     px_warn("config_reload_admin_kept",
@@ -483,6 +561,9 @@ void px_server_close(px_server *srv) {
 }
 
 void px_server_free(px_server *srv) {
+  px_tls_ctx_unref(srv->tls_server);
+  px_tls_ctx_unref(srv->tls_upstream);
+  srv->tls_server = srv->tls_upstream = NULL;
   for (uint32_t i = 0; i < srv->nalt_types; i++)
     free(srv->alt_types[i]);
   free(srv->alt_types);
@@ -521,8 +602,13 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->session_gone = session_gone;
   srv->cfg = cfg;
   srv->spare_fd = -1;
-  srv->listener = bind_listener(srv, &cfg->listen);
-  if (!srv->listener)
+  if (!tls_contexts(cfg, &srv->tls_server, &srv->tls_upstream))
+    return UV_EINVAL;
+  if (cfg->listen_on &&
+      !(srv->listener = bind_listener(srv, &cfg->listen, "amqp")))
+    return UV_EINVAL;
+  if (cfg->tls.listen_on &&
+      !(srv->tls_listener = bind_listener(srv, &cfg->tls.listen, "amqps")))
     return UV_EINVAL;
   srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->drain_timer);

@@ -82,7 +82,12 @@ typedef struct px_log_limit {
 typedef struct px_server {
   uv_loop_t *loop;
   const px_config *cfg;
-  uv_tcp_t *listener; /* heap: a reload may replace it; NULL once closed */
+  uv_tcp_t *listener;     /* heap: a reload may replace it; NULL once closed
+                             (or --listen off) */
+  uv_tcp_t *tls_listener; /* the same for --tls-listen */
+  /* TLS contexts (px_tls.h): the TLS listener's, and the one for amqps
+   * upstreams; a reload replaces them, open connections keep theirs */
+  struct px_tls_ctx *tls_server, *tls_upstream;
   uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
   /* how the config was given, to read it again on SIGHUP */
   int argc;

@@ -36,6 +36,7 @@
 #include "px_own.h"
 #include "px_retry.h"
 #include "px_server.h"
+#include "px_tls.h"
 
 #define PX_HIGH_WATER (512 * 1024)
 #define PX_LOW_WATER (128 * 1024)
@@ -391,17 +392,26 @@ static void after_event(px_session *s) {
   check_out(s);
 }
 
-/* Answer a bad protocol header as the spec says: with ours, then close. */
+/* A TLS handshake record (a ClientHello): type 22, version 3.x. */
+static bool speaks_tls(const uint8_t *p, size_t n) {
+  return n >= 3 && p[0] == 0x16 && p[1] == 0x03 && p[2] <= 0x04;
+}
+
+/* Answer a bad protocol header as the spec says: with ours, then close
+ * (a client speaking TLS is told so in the log line). */
 static int check_client_header(px_session *s, px_chunk *c) {
   long rc = amqp_protocol_header_parse(c->data + c->off, c->len - c->off);
   if (rc == AMQP_PARTIAL)
     return 0;
   if (rc < 0) {
     char what[64];
+    bool tls = speaks_tls(c->data + c->off, c->len - c->off);
     amqp_protocol_header_describe(c->data + c->off, c->len - c->off, what,
                                   sizeof what);
     px_warn("bad_protocol_header", PX_U("id", s->id), PX_S("peer", s->peer),
-            PX_S("sent", what));
+            PX_S("sent", what),
+            PX_S("error", tls ? "client speaks TLS on the plain listener"
+                              : "not AMQP 0-9-1"));
     s->srv->stats.protocol_errors++;
     c->off = c->len; /* answered once; nothing more is read from it */
     s->closer = PX_BY_REBOUND;
@@ -579,6 +589,24 @@ static void settle_chunk(px_session *s, px_conn *side) {
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
 }
 
+/* The client's TLS failed: say why, and name plain AMQP on the TLS
+ * listener as such. */
+static void client_tls_failed(px_session *s) {
+  uint8_t first[8];
+  char sent[64];
+  size_t n = px_tls_first_bytes(&s->client, first, sizeof first);
+  s->srv->stats.protocol_errors++;
+  if (n >= 4 && memcmp(first, "AMQP", 4) == 0) {
+    amqp_protocol_header_describe(first, n, sent, sizeof sent);
+    px_warn("client_plain_on_tls_listener", PX_U("id", s->id),
+            PX_S("peer", s->peer), PX_S("sent", sent),
+            PX_S("hint", "connect with amqps://, or to the --listen port"));
+    return;
+  }
+  px_warn("client_tls_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("error", px_tls_error(&s->client)));
+}
+
 static void side_eof(px_session *s, px_conn *side, ssize_t err) {
   bool clean = err == UV_EOF;
   if (side->lingering ||
@@ -594,7 +622,10 @@ static void side_eof(px_session *s, px_conn *side, ssize_t err) {
   if (side == &s->client && client_gone_finish(s, s->client.discard))
     return;
   if (side == &s->client) {
-    if (!clean)
+    if (err == UV_EPROTO && px_tls_error(side)[0]) {
+      client_tls_failed(s);
+      px_life_note(s, PX_CR_CLIENT_TLS_FAILED);
+    } else if (!clean)
       px_info("client_error", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("error", uv_strerror((int)err)));
     px_life_end_upstream(s, s->closer != PX_BY_NONE
@@ -663,7 +694,11 @@ static void on_conn_connected(void *ctx, px_conn *c, int status) {
   if (px_life_closed(s))
     return;
   if (status < 0) {
-    note_upstream_error(s, uv_strerror(status));
+    const char *tls = px_tls_error(c);
+    if (tls[0])
+      px_warn("upstream_tls_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_S("upstream", s->upstream_addr), PX_S("error", tls));
+    note_upstream_error(s, tls[0] ? tls : uv_strerror(status));
     s->upstream_idx++;
     px_conn_close(&s->upstream); /* on_conn_closed tries the next one */
     return;
@@ -682,11 +717,28 @@ static void on_conn_connected(void *ctx, px_conn *c, int status) {
   px_conn_read(&s->client);
 }
 
+/* TLS under the upstream connection for an amqps upstream. */
+static int upstream_tls(px_session *s) {
+  const px_addr *a = &s->srv->cfg->upstream[s->upstream_idx];
+  s->upstream.io = s->upstream_io;
+  s->login.tls = NULL;
+  snprintf(s->upstream_host, sizeof s->upstream_host, "%s", a->host);
+  if (!a->tls)
+    return 0;
+  if (!s->srv->tls_upstream)
+    return UV_EINVAL;
+  s->login.tls = s->srv->tls_upstream;
+  s->login.tls_host = s->upstream_host;
+  return px_tls_client(&s->upstream, s->srv->tls_upstream, a->host);
+}
+
 static void connect_to(px_session *s, const struct sockaddr *sa) {
   memcpy(&s->upstream_sa, sa,
          sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
                                    : sizeof(struct sockaddr_in));
-  int rc = px_conn_connect(&s->upstream, s->srv->loop, sa);
+  int rc = upstream_tls(s);
+  if (rc == 0)
+    rc = px_conn_connect(&s->upstream, s->srv->loop, sa);
   if (s->upstream.open)
     s->open_handles++;
   if (rc == 0)
@@ -814,6 +866,7 @@ static px_session *session_alloc(px_server *srv) {
   s->hooks = &hooks;
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
+  s->upstream_io = s->upstream.io;
   return s;
 }
 
@@ -846,11 +899,13 @@ static void session_start(px_session *s) {
   upstream_try_next(s);
 }
 
-int px_session_accept(px_server *srv, uv_stream_t *listener) {
+int px_session_accept(px_server *srv, uv_stream_t *listener, px_tls_ctx *tls) {
   px_session *s = session_alloc(srv);
   if (!s)
     return UV_ENOMEM;
   int rc = px_conn_accept(&s->client, srv->loop, listener);
+  if (rc == 0 && tls)
+    rc = px_tls_accept(&s->client, tls);
   if (rc < 0) {
     s->phase = PX_PHASE_CLOSED;
     if (!s->client.open) {
@@ -871,7 +926,7 @@ px_session *px_session_new(px_server *srv, const px_conn_io *client_io,
   if (!s)
     return NULL;
   px_conn_adopt(&s->client, client_io);
-  s->upstream.io = upstream_io;
+  s->upstream.io = s->upstream_io = upstream_io;
   session_start(s);
   return s;
 }

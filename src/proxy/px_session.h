@@ -168,10 +168,13 @@ typedef struct px_session {
   char peer[64];
   char user[128];
   char vhost[128];
-  char upstream_errors[384]; /* "addr: error; ..." of failed attempts */
-  char upstream_addr[300];   /* the one being tried / used */
-  uint8_t close_reason;      /* px_close_reason: the first that applied */
-  uint8_t close_req;         /* px_close_reason: px_life_close() asked for it */
+  char upstream_errors[384];     /* "addr: error; ..." of failed attempts */
+  char upstream_addr[300];       /* the one being tried / used */
+  char upstream_host[256];       /* its host: SNI and the certificate's name */
+  const px_conn_io *upstream_io; /* the upstream's transport under TLS, if
+                                    any (plain TCP, or a test's) */
+  uint8_t close_reason;          /* px_close_reason: the first that applied */
+  uint8_t close_req; /* px_close_reason: px_life_close() asked for it */
 
   /* offered in connection.tune, negotiated in tune-ok */
   uint16_t offer_channel_max;
@@ -242,9 +245,11 @@ typedef struct px_session {
   px_out out; /* forwarded and generated frames, in order (px_out.h) */
 } px_session;
 
-/* Accept a client from `listener` into a new session and start connecting
- * upstream. Returns 0 or a negative libuv error (nothing is left behind). */
-int px_session_accept(struct px_server *srv, uv_stream_t *listener);
+/* Accept a client from `listener` into a new session (over TLS with
+ * `tls`, NULL: plain) and start connecting upstream. Returns 0 or a
+ * negative libuv error (nothing is left behind). */
+int px_session_accept(struct px_server *srv, uv_stream_t *listener,
+                      struct px_tls_ctx *tls);
 
 /* A session whose client is already connected over `client_io`, and
  * whose upstream connects through `upstream_io` (a test's transports,

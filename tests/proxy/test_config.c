@@ -248,6 +248,69 @@ static void test_bad_flags_and_env(void **state) {
   assert_int_equal(px_parse_size("3 MiB", &n), -1);
 }
 
+/* Upstreams as HOST:PORT or amqp(s) URLs; the TLS options that only make
+ * sense together. */
+static void test_upstream_urls_and_tls(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  px_addr a;
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(px_upstream_parse("amqps://rabbit.example", &a), 0);
+  assert_string_equal(a.host, "rabbit.example");
+  assert_int_equal(a.port, 5671);
+  assert_true(a.tls);
+  assert_int_equal(px_upstream_parse("amqp://rabbit:5700/", &a), 0);
+  assert_int_equal(a.port, 5700);
+  assert_false(a.tls);
+  assert_int_equal(px_upstream_parse("amqps://[::1]", &a), 0);
+  assert_string_equal(a.host, "::1");
+  assert_int_equal(a.port, 5671);
+  assert_int_equal(px_upstream_parse("amqps://[::1]:6000", &a), 0);
+  assert_int_equal(a.port, 6000);
+  assert_int_equal(px_upstream_parse("10.0.0.1:5672", &a), 0);
+  assert_false(a.tls);
+  assert_int_equal(px_upstream_parse("amqps://u:p@rabbit", &a), -1);
+  assert_int_equal(px_upstream_parse("amqps://rabbit/vhost", &a), -1);
+  assert_int_equal(px_upstream_parse("amqps://", &a), -1);
+  assert_int_equal(px_upstream_parse("http://rabbit", &a), -1);
+
+  char *argv[] = {"rebound", "--upstream", "amqps://a,b:5672", NULL};
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_int_equal(c.n_upstreams, 2);
+  assert_true(c.upstream[0].tls);
+  assert_false(c.upstream[1].tls);
+  assert_true(c.tls.upstream_verify);
+  assert_true(c.listen_on);
+  assert_false(c.tls.listen_on);
+
+  char *tls_no_cert[] = {"rebound", "--tls-listen", "127.0.0.1:5671", NULL};
+  assert_int_equal(load(&c, tls_no_cert, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--tls-listen needs --tls-cert and --tls-key");
+  char *none[] = {"rebound", "--listen", "off", NULL};
+  assert_int_equal(load(&c, none, err), PX_CONFIG_ERROR);
+  assert_string_equal(
+      err, "--listen and --tls-listen are both off: nothing accepts clients");
+  char *cert_alone[] = {"rebound", "--tls-cert", "x.pem", NULL};
+  assert_int_equal(load(&c, cert_alone, err), PX_CONFIG_ERROR);
+  char *half[] = {"rebound", "--upstream-cert", "c.pem", NULL};
+  assert_int_equal(load(&c, half, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--upstream-cert and --upstream-key go together");
+  char *verify[] = {"rebound", "--upstream-verify", "maybe", NULL};
+  assert_int_equal(load(&c, verify, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--upstream-verify: invalid value 'maybe' "
+                           "(expected on or off)");
+  char *ok[] = {"rebound",    "--listen",          "off",   "--tls-listen",
+                "[::1]:5671", "--tls-cert",        "c.pem", "--tls-key",
+                "k.pem",      "--upstream-verify", "off",   NULL};
+  assert_int_equal(load(&c, ok, err), PX_CONFIG_OK);
+  assert_false(c.listen_on);
+  assert_true(c.tls.listen_on);
+  assert_string_equal(c.tls.listen.host, "::1");
+  assert_string_equal(c.tls.cert, "c.pem");
+  assert_false(c.tls.upstream_verify);
+}
+
 /* --retry-confirm-timeout and --max-connections from each layer. */
 static void test_confirm_timeout_and_max_connections(void **state) {
   (void)state;
@@ -349,6 +412,7 @@ int main(void) {
       cmocka_unit_test(test_queue_type_and_retry_connection),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_flags_and_env),
+      cmocka_unit_test(test_upstream_urls_and_tls),
       cmocka_unit_test(test_confirm_timeout_and_max_connections),
       cmocka_unit_test(test_confirm_timeout_and_max_connections_bad),
   };
