@@ -47,6 +47,7 @@ typedef struct px_config {
   px_log_format log_format;
   uint32_t drain_timeout_ms;
   uint32_t handshake_timeout_ms;
+  uint32_t connect_timeout_ms;
   uint32_t retry_finish_timeout_ms;
   uint32_t retry_confirm_timeout_ms;
   uint32_t max_connections; /* 0: auto, what the fd limit allows */
@@ -118,6 +119,10 @@ typedef struct px_config {
   X(handshake_timeout_ms, "handshake-timeout", "REBOUND_HANDSHAKE_TIMEOUT",    \
     "handshake_timeout", DURATION, "10s",                                      \
     "a connection not open by then is closed")                                 \
+  X(connect_timeout_ms, "connect-timeout", "REBOUND_CONNECT_TIMEOUT",          \
+    "connect_timeout", DURATION, "2s",                                         \
+    "each upstream address gets this long for the TCP connect, the TLS "       \
+    "handshake and the broker's connection.start, then the next is tried")     \
   X(max_connections, "max-connections", "REBOUND_MAX_CONNECTIONS",             \
     "max_connections", LIMIT, "auto",                                          \
     "client connections at once, more are closed on accept (auto: what "       \

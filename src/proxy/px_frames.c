@@ -506,9 +506,8 @@ void px_frames_retry_idle(px_session *s) {
 static void log_open(px_session *s) {
   px_info("session_open", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
-          PX_S("upstream", s->upstream_addr),
-          PX_U("channel_max", s->channel_max), PX_U("frame_max", s->frame_max),
-          PX_U("heartbeat", s->heartbeat));
+          PX_S("upstream", s->dial.addr), PX_U("channel_max", s->channel_max),
+          PX_U("frame_max", s->frame_max), PX_U("heartbeat", s->heartbeat));
 }
 
 /* Does the broker dead-letter out of quorum queues at-least-once? Its
@@ -550,6 +549,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
   amqp_method m;
   switch (id) {
   case AMQP_CONNECTION_START:
+    s->hooks->upstream_started(s);
     s->broker_quorum_dlx =
         amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
             AMQP_OK &&
@@ -597,7 +597,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
 int px_frames_upstream_error(px_session *s, const char *what) {
   s->srv->stats.protocol_errors++;
   px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->upstream_addr), PX_S("error", what));
+          PX_S("upstream", s->dial.addr), PX_S("error", what));
   px_life_close_client(s, AMQP_REPLY_INTERNAL_ERROR,
                        "INTERNAL_ERROR - protocol error from the broker", 0, 0);
   return PX_STOP;

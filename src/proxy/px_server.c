@@ -496,6 +496,8 @@ static void reload(px_server *srv) {
   rebind(srv, &srv->tls_listener, &next->tls.listen_on, &next->tls.listen,
          old->tls.listen_on, &old->tls.listen, "amqps");
   reload_tls(srv, next);
+  /* the upstream list may have changed: what failed lately is forgotten */
+  memset(&srv->dial_memory, 0, sizeof srv->dial_memory);
   if (next->admin_on != old->admin_on ||
       (next->admin_on && !same_addr(&next->admin, &old->admin))) {
     px_warn("config_reload_admin_kept",

@@ -20,6 +20,7 @@
 
 #include "px_admin.h"
 #include "px_config.h"
+#include "px_dial.h"
 
 struct px_session;
 
@@ -133,7 +134,8 @@ typedef struct px_server {
    * on, by every connection); at most PX_ALT_TYPES_MAX names */
   char **alt_types;
   uint32_t nalt_types;
-  char upstream_err[384]; /* why not, for /readyz */
+  char upstream_err[384];     /* why not, for /readyz */
+  px_dial_memory dial_memory; /* upstreams that failed lately */
 } px_server;
 
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a

@@ -45,8 +45,6 @@
 /* Frames from the broker are accepted up to this (see frame_limit()). */
 #define PX_UPSTREAM_FRAME_MAX (4u * 1024 * 1024)
 
-static void upstream_try_next(px_session *s);
-
 static px_conn *other_side(px_session *s, px_conn *side) {
   return side == &s->client ? &s->upstream : &s->client;
 }
@@ -78,19 +76,19 @@ static void session_free(px_session *s) {
 
 static void on_handle_closed(uv_handle_t *h) {
   px_session *s = h->data;
-  if (--s->open_handles == 0 && !s->gai_pending)
+  if (--s->open_handles == 0)
     session_free(s);
 }
 
 static void on_conn_closed(void *ctx, px_conn *c) {
   px_session *s = ctx;
   if (c == &s->upstream && !px_life_closed(s)) {
-    /* a failed connect attempt: try the next upstream */
+    /* a failed connect attempt: the dialer tries the next */
     s->open_handles--;
-    upstream_try_next(s);
+    px_dial_closed(&s->dial);
     return;
   }
-  if (--s->open_handles == 0 && !s->gai_pending)
+  if (--s->open_handles == 0)
     session_free(s);
 }
 
@@ -117,8 +115,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
   px_pub_close(s->out.pub);
   s->out.pub = NULL;
   s->pub_ready = false;
-  if (s->gai_pending)
-    uv_cancel((uv_req_t *)&s->gai);
+  px_dial_close(&s->dial);
   /* unlink now: a closing session no longer counts or drains */
   s->srv->stats.sessions_current--;
   if (s->prev)
@@ -681,30 +678,35 @@ static void side_resume(px_session *s, px_conn *side) {
 
 /* ---- upstream connection ---------------------------------------------- */
 
-static void note_upstream_error(px_session *s, const char *err) {
-  size_t n = strlen(s->upstream_errors);
-  snprintf(s->upstream_errors + n, sizeof s->upstream_errors - n, "%s%s: %s",
-           n ? "; " : "", s->upstream_addr, err);
-  px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, s->upstream_addr, NULL);
-}
-
 static void on_conn_connected(void *ctx, px_conn *c, int status) {
   px_session *s = ctx;
   (void)c;
-  if (px_life_closed(s))
-    return;
-  if (status < 0) {
-    const char *tls = px_tls_error(c);
-    if (tls[0])
-      px_warn("upstream_tls_failed", PX_U("id", s->id), PX_S("peer", s->peer),
-              PX_S("upstream", s->upstream_addr), PX_S("error", tls));
-    note_upstream_error(s, tls[0] ? tls : uv_strerror(status));
-    s->upstream_idx++;
-    px_conn_close(&s->upstream); /* on_conn_closed tries the next one */
-    return;
-  }
+  if (!px_life_closed(s))
+    px_dial_connected(&s->dial, status);
+}
+
+static void dial_opened(void *ctx) {
+  px_session *s = ctx;
+  s->open_handles++; /* the upstream connection's closed event follows */
+}
+
+/* An attempt reached a broker (TCP, TLS): the client's protocol header
+ * goes to it, and the broker's connection.start is awaited. A later
+ * attempt after one that failed after the header went gets it again. */
+static void dial_connected(void *ctx) {
+  px_session *s = ctx;
   s->srv->upstream_ok = true;
   s->srv->stats.upstream_connections_total++;
+  s->login.tls = s->dial.tls_now ? s->srv->tls_upstream : NULL;
+  s->login.tls_host = s->dial.host;
+  if (s->phase == PX_PHASE_HANDSHAKE) {
+    px_conn_read(&s->upstream);
+    if (px_out_bytes(&s->out, &s->upstream, amqp_protocol_header,
+                     AMQP_PROTOCOL_HEADER_SIZE) != PX_OUT_OK)
+      check_out(s);
+    session_flush(s);
+    return;
+  }
   if (s->phase != PX_PHASE_CONNECTING)
     return; /* already closing (a bad protocol header) */
   px_conn_read(&s->upstream);
@@ -717,91 +719,31 @@ static void on_conn_connected(void *ctx, px_conn *c, int status) {
   px_conn_read(&s->client);
 }
 
-/* TLS under the upstream connection for an amqps upstream. */
-static int upstream_tls(px_session *s) {
-  const px_addr *a = &s->srv->cfg->upstream[s->upstream_idx];
-  s->upstream.io = s->upstream_io;
-  s->login.tls = NULL;
-  snprintf(s->upstream_host, sizeof s->upstream_host, "%s", a->host);
-  if (!a->tls)
-    return 0;
-  if (!s->srv->tls_upstream)
-    return UV_EINVAL;
-  s->login.tls = s->srv->tls_upstream;
-  s->login.tls_host = s->upstream_host;
-  return px_tls_client(&s->upstream, s->srv->tls_upstream, a->host);
+static void dial_failed(void *ctx) {
+  px_session *s = ctx;
+  px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
+           PX_S("tried", s->dial.errors));
+  px_session_close(s, PX_CR_NO_UPSTREAM);
 }
 
-static void connect_to(px_session *s, const struct sockaddr *sa) {
-  memcpy(&s->upstream_sa, sa,
-         sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                   : sizeof(struct sockaddr_in));
-  int rc = upstream_tls(s);
-  if (rc == 0)
-    rc = px_conn_connect(&s->upstream, s->srv->loop, sa);
-  if (s->upstream.open)
-    s->open_handles++;
-  if (rc == 0)
-    return;
-  note_upstream_error(s, uv_strerror(rc));
-  s->upstream_idx++;
-  if (s->upstream.open)
-    px_conn_close(&s->upstream);
-  else
-    upstream_try_next(s);
+static void dial_attempt_failed(void *ctx, const char *addr) {
+  px_session *s = ctx;
+  px_metrics_inc(s->srv, PX_M_CONNECT_FAILURES, addr, NULL);
 }
 
-static void on_resolved(uv_getaddrinfo_t *req, int status,
-                        struct addrinfo *res) {
-  px_session *s = req->data;
-  s->gai_pending = false;
-  if (px_life_closed(s)) {
-    uv_freeaddrinfo(res);
-    if (s->open_handles == 0)
-      session_free(s);
-    return;
-  }
-  if (status < 0) {
-    note_upstream_error(s, uv_strerror(status));
-    s->upstream_idx++;
-    upstream_try_next(s);
-  } else {
-    connect_to(s, res->ai_addr);
-  }
-  uv_freeaddrinfo(res);
+static void dial_released(void *ctx) {
+  px_session *s = ctx;
+  if (--s->open_handles == 0)
+    session_free(s);
 }
 
-static void upstream_try_next(px_session *s) {
-  const px_config *cfg = s->srv->cfg;
-  struct sockaddr_storage ss;
-
-  if (s->upstream_idx >= cfg->n_upstreams) {
-    px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
-             PX_S("tried", s->upstream_errors));
-    px_session_close(s, PX_CR_NO_UPSTREAM);
-    return;
-  }
-  const px_addr *a = &cfg->upstream[s->upstream_idx];
-  px_addr_format(a, s->upstream_addr, sizeof s->upstream_addr);
-  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) == 0 ||
-      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) == 0) {
-    connect_to(s, (struct sockaddr *)&ss);
-    return;
-  }
-  char port[8];
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
-  snprintf(port, sizeof port, "%u", (unsigned)a->port);
-  s->gai.data = s;
-  int rc =
-      uv_getaddrinfo(s->srv->loop, &s->gai, on_resolved, a->host, port, &hints);
-  if (rc == 0) {
-    s->gai_pending = true;
-    return;
-  }
-  note_upstream_error(s, uv_strerror(rc));
-  s->upstream_idx++;
-  upstream_try_next(s);
+static void upstream_started(px_session *s) {
+  px_dial_started(&s->dial);
 }
+
+static const px_dial_events dial_events = {dial_opened, dial_connected,
+                                           dial_failed, dial_attempt_failed,
+                                           dial_released};
 
 /* ---- accept ------------------------------------------------------------- */
 
@@ -856,6 +798,7 @@ static const px_session_hooks hooks = {
     .returned = px_retry_returned,
     .blocked = px_retry_blocked,
     .reopen_at = px_retry_reopen_at,
+    .upstream_started = upstream_started,
 };
 
 static px_session *session_alloc(px_server *srv) {
@@ -866,7 +809,6 @@ static px_session *session_alloc(px_server *srv) {
   s->hooks = &hooks;
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
-  s->upstream_io = s->upstream.io;
   return s;
 }
 
@@ -881,7 +823,7 @@ static void session_start(px_session *s) {
   s->retry_timer.data = s;
   uv_timer_init(srv->loop, &s->defer_timer);
   s->defer_timer.data = s;
-  s->open_handles += 3;
+  s->open_handles += 4; /* and the dialer's (released by dial_released) */
   s->id = ++srv->next_id;
   s->started_ms = uv_now(srv->loop);
   px_conn_peer(&s->client, s->peer, sizeof s->peer);
@@ -896,7 +838,9 @@ static void session_start(px_session *s) {
 
   px_life_phase(s, PX_PHASE_CONNECTING); /* its timer starts */
   px_conn_read(&s->client);
-  upstream_try_next(s);
+  px_dial_start(&s->dial, srv->loop, srv->cfg, &srv->dial_memory,
+                srv->tls_upstream, &s->upstream, srv->cfg->connect_timeout_ms,
+                &dial_events, s, s->id);
 }
 
 int px_session_accept(px_server *srv, uv_stream_t *listener, px_tls_ctx *tls) {
@@ -926,7 +870,7 @@ px_session *px_session_new(px_server *srv, const px_conn_io *client_io,
   if (!s)
     return NULL;
   px_conn_adopt(&s->client, client_io);
-  s->upstream.io = s->upstream_io = upstream_io;
+  s->upstream.io = upstream_io;
   session_start(s);
   return s;
 }

@@ -22,6 +22,7 @@
 #include "px_chan.h"
 #include "px_close.h"
 #include "px_conn.h"
+#include "px_dial.h"
 #include "px_out.h"
 #include "px_pub.h"
 #include "px_ring.h"
@@ -148,6 +149,8 @@ typedef struct px_session_hooks {
   void (*blocked)(struct px_session *s, bool blocked, amqp_bytes reason,
                   const char *which);
   void (*reopen_at)(struct px_session *s, uint64_t due_ms);
+  /* the broker sent connection.start: the upstream is reached */
+  void (*upstream_started)(struct px_session *s);
 } px_session_hooks;
 
 typedef struct px_session {
@@ -158,21 +161,14 @@ typedef struct px_session {
   uint8_t phase;  /* px_close_phase */
   uint8_t closer; /* px_close_by */
   px_conn client, upstream;
+  px_dial dial;           /* reaching the upstream (px_dial.h) */
   uv_timer_t timer;       /* handshake, then close-ok wait */
   uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
-  uv_getaddrinfo_t gai;
-  bool gai_pending;
-  unsigned upstream_idx; /* which configured upstream is tried/used */
   unsigned open_handles;
   uint64_t started_ms;
   char peer[64];
   char user[128];
   char vhost[128];
-  char upstream_errors[384];     /* "addr: error; ..." of failed attempts */
-  char upstream_addr[300];       /* the one being tried / used */
-  char upstream_host[256];       /* its host: SNI and the certificate's name */
-  const px_conn_io *upstream_io; /* the upstream's transport under TLS, if
-                                    any (plain TCP, or a test's) */
   uint8_t close_reason;          /* px_close_reason: the first that applied */
   uint8_t close_req; /* px_close_reason: px_life_close() asked for it */
 
@@ -203,7 +199,6 @@ typedef struct px_session {
   uint8_t *login_auth;  /* the client's start-ok mechanism, response and */
   uint8_t *login_vhost; /* locale, and open's vhost (login's views) */
   px_pub_login login;
-  struct sockaddr_storage upstream_sa; /* the broker address in use */
   uint64_t own_reopen_ms; /* when to reopen rebound's channel (0: no) */
   uint16_t yield_waiter;  /* client channel waiting for own_ch's number */
   bool yield_requested;   /* close own channel once it is ready */

@@ -620,6 +620,7 @@ static bool name_peer(struct px_tls *t, const char *host) {
 }
 
 int px_tls_client(px_conn *c, px_tls_ctx *ctx, const char *host) {
+  tls_release(c); /* a previous attempt's, never opened */
   struct px_tls *t = tls_new(c, ctx);
   if (!t)
     return UV_ENOMEM;

@@ -59,6 +59,9 @@ static int fk_connect(px_conn *c, uv_loop_t *loop, const struct sockaddr *sa) {
   if (f->connect_result < 0)
     return f->connect_result;
   f->connect_pending = true;
+  f->connect_hanging = f->connect_hangs > 0;
+  if (f->connect_hangs)
+    f->connect_hangs--;
   return 0;
 }
 
@@ -179,8 +182,9 @@ void fake_send_eof(fake_conn *f, int err) {
 bool fake_busy(const fake_conn *f) {
   if (!f->active)
     return false;
-  return f->close_pending || f->connect_pending || f->shutdown_pending ||
-         (f->npending && !f->stall) || (f->reading && (f->in_head || f->eof));
+  return f->close_pending || (f->connect_pending && !f->connect_hanging) ||
+         f->shutdown_pending || (f->npending && !f->stall) ||
+         (f->reading && (f->in_head || f->eof));
 }
 
 /* Complete the writes pending now (new ones wait for the next step). */
@@ -268,7 +272,7 @@ bool fake_step(fake_conn *f) {
   if (f->close_pending)
     return finish_close(f);
   bool did = false;
-  if (f->connect_pending) {
+  if (f->connect_pending && !f->connect_hanging) {
     f->connect_pending = false;
     px_conn_connected(f->conn, f->connect_status);
     did = true;

@@ -46,7 +46,10 @@ struct fake_conn {
   int connect_result; /* returned by connect() (0: the event follows) */
   int connect_status; /* status of the connected event */
   bool connect_pending;
-  unsigned connects; /* connect() calls */
+  unsigned connect_hangs; /* this many connects never complete (SYNs
+                             dropped) until closed */
+  unsigned connects;      /* connect() calls */
+  bool connect_hanging;   /* the pending connect is one of those */
   char connect_addr[64];
 
   /* reading */

@@ -459,7 +459,20 @@ static void own_channel_opened(harness *h, h_side side) {
   h_simple(h, side, h->own_ch, AMQP_CONFIRM_SELECT_OK);
 }
 
+static uint16_t open_from(harness *h, int first, uint16_t channel_max,
+                          uint32_t frame_max);
+
 uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
+  return open_from(h, 0, channel_max, frame_max);
+}
+
+uint16_t h_open_after_header(harness *h, uint16_t channel_max,
+                             uint32_t frame_max) {
+  return open_from(h, 1, channel_max, frame_max);
+}
+
+static uint16_t open_from(harness *h, int first, uint16_t channel_max,
+                          uint32_t frame_max) {
   static const char *const seen[7] = {"protocol-header",
                                       "ch0 connection.start",
                                       "ch0 connection.start-ok",
@@ -470,7 +483,7 @@ uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max) {
   char tune[128];
   h->channel_max = channel_max;
   h->frame_max = frame_max;
-  for (int i = 0; i < 7; i++) {
+  for (int i = first; i < 7; i++) {
     send_handshake(h, handshake_side[i], i, channel_max, frame_max);
     snprintf(tune, sizeof tune,
              "ch0 connection.tune%s channel-max=%u frame-max=%u heartbeat=0",

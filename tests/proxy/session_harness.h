@@ -143,6 +143,9 @@ void h_deliver(harness *h, uint16_t ch, const char *ctag, uint64_t tag,
  * confirm.select, answered). Returns rebound's channel number (0: none)
  * and sets h->own_ch. The broker says it is RabbitMQ 3.10.8. */
 uint16_t h_open(harness *h, uint16_t channel_max, uint32_t frame_max);
+/* The same once the client's protocol header has reached the broker. */
+uint16_t h_open_after_header(harness *h, uint16_t channel_max,
+                             uint32_t frame_max);
 /* --retry-connection separate: the retry connection's handshake, checked
  * on H_PUB (rebound logs in with the client's start-ok, channel-max 1,
  * no heartbeat), then rebound's channel there (channel.open,

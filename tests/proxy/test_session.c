@@ -1076,6 +1076,56 @@ static void test_close_drain_in_handshake(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* ---- 7a. the dialer ------------------------------------------------------ */
+
+#define TWO_UPSTREAMS                                                          \
+  POLICY, "--upstream", "127.0.0.1:1,127.0.0.1:2", "--connect-timeout", "300ms"
+
+/* The first upstream's connect never completes (its SYNs are dropped):
+ * after the connect timeout the next one is tried, transparently to the
+ * client. */
+static void test_dial_connect_hangs(void **state) {
+  static const char *const args[] = {TWO_UPSTREAMS, NULL};
+  harness *h = start(state, args);
+  h_peer(h, H_BROKER)->connect_hanging = true; /* the first, under way */
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect_within(h, H_BROKER, 2000, "protocol-header");
+  assert_int_equal(h_peer(h, H_BROKER)->connects, 2);
+  assert_string_equal(h_peer(h, H_BROKER)->connect_addr, "127.0.0.1:2");
+  assert_int_equal(h_metric(h, PX_M_CONNECT_FAILURES, "127.0.0.1:1", NULL), 1);
+  assert_int_equal(h_open_after_header(h, 10, 131072), 10);
+  h_expect_none(h, H_CLIENT);
+}
+
+/* The first upstream accepts the connection but never sends
+ * connection.start: the client's protocol header, already sent there,
+ * goes to the next one, and the handshake goes on through it. */
+static void test_dial_no_start(void **state) {
+  static const char *const args[] = {TWO_UPSTREAMS, NULL};
+  harness *h = start(state, args);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_BROKER, "protocol-header");
+  assert_string_equal(h_peer(h, H_BROKER)->connect_addr, "127.0.0.1:1");
+  h_expect_within(h, H_BROKER, 2000, "protocol-header");
+  assert_int_equal(h_peer(h, H_BROKER)->connects, 2);
+  assert_string_equal(h_peer(h, H_BROKER)->connect_addr, "127.0.0.1:2");
+  assert_int_equal(h_open_after_header(h, 10, 131072), 10);
+  h_expect_none(h, H_CLIENT);
+}
+
+/* Every upstream fails: the session ends with "no upstream reachable"
+ * after one timeout per upstream. */
+static void test_dial_all_time_out(void **state) {
+  static const char *const args[] = {TWO_UPSTREAMS, NULL};
+  harness *h = start(state, args);
+  h_peer(h, H_BROKER)->connect_hanging = true; /* the first, under way */
+  h_peer(h, H_BROKER)->connect_hangs = 1;      /* and the second */
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  gone_as(h, "no upstream reachable");
+  assert_int_equal(h_peer(h, H_BROKER)->connects, 2);
+  h_expect_none(h, H_BROKER);
+}
+
 /* ---- 7b. the retry connection (--retry-connection separate) ------------- */
 
 #define SEPARATE POLICY, "--retry-connection", "separate"
@@ -1205,6 +1255,9 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
       cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
+      cmocka_unit_test_teardown(test_dial_connect_hangs, teardown),
+      cmocka_unit_test_teardown(test_dial_no_start, teardown),
+      cmocka_unit_test_teardown(test_dial_all_time_out, teardown),
       cmocka_unit_test_teardown(test_separate_copy_then_ack, teardown),
       cmocka_unit_test_teardown(test_separate_write_fails, teardown),
       cmocka_unit_test_teardown(test_separate_write_out_of_memory, teardown),

@@ -168,7 +168,7 @@ def test_upstream_unknown_ca_tries_the_next(rebound_factory, certs,
     conn = pika.BlockingConnection(client_params(rb, certs, True))
     conn.channel().queue_declare(qname, auto_delete=True)
     conn.close()
-    lines = rb.log_lines("upstream_tls_failed")
+    lines = rb.log_lines("upstream_attempt_failed")
     assert lines and "certificate" in lines[0]["error"], rb.log()[-3000:]
     assert lines[0]["upstream"] == "localhost:%d" % tls_broker[0]
 
