@@ -31,7 +31,14 @@ struct px_server;
   X(CLOSES, "rebound_client_connection_closes_total",                          \
     "Client connections closed, by reason", "reason", NULL, 0)                 \
   X(CONNECT_FAILURES, "rebound_upstream_connect_failures_total",               \
-    "Failed connection attempts to an upstream", "address", NULL, 0)
+    "Failed connection attempts to an upstream", "address", NULL, 0)           \
+  X(TLS_HANDSHAKES, "rebound_tls_handshakes_total",                            \
+    "TLS handshakes completed, by side (client: the TLS listener, upstream: "  \
+    "amqps upstreams)",                                                        \
+    "side", NULL, 0)                                                           \
+  X(TLS_FAILURES, "rebound_tls_handshake_failures_total",                      \
+    "TLS handshakes that failed, by side and OpenSSL's reason", "side",        \
+    "reason", 0)
 
 enum px_labelled_id {
 #define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,

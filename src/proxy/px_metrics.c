@@ -9,6 +9,7 @@
 #include "px_admin.h"
 #include "px_server.h"
 #include "px_session.h"
+#include "px_tls.h"
 #include "retry_policy.h"
 
 /* X(px_stats field, name, type, help) */
@@ -174,6 +175,29 @@ static void gauge(px_admin_response *r, const char *name, const char *help,
   px_admin_printf(r, "%s %.17g\n", name, v);
 }
 
+/* The expiry of every certificate rebound serves or presents. */
+static void render_tls(px_server *srv, px_admin_response *r) {
+  const struct {
+    px_tls_ctx *ctx;
+    const char *side;
+  } certs[] = {{srv->tls_server, "client"}, {srv->tls_upstream, "upstream"}};
+  bool any = false;
+  for (size_t i = 0; i < sizeof certs / sizeof certs[0]; i++) {
+    long long t = certs[i].ctx ? px_tls_ctx_not_after(certs[i].ctx) : 0;
+    if (!t)
+      continue;
+    if (!any)
+      head(r, "rebound_tls_certificate_expiry_seconds", "gauge",
+           "When a certificate rebound serves (side client) or presents to "
+           "upstreams (side upstream) expires, seconds since the epoch");
+    any = true;
+    px_admin_printf(r,
+                    "rebound_tls_certificate_expiry_seconds{side=\"%s\"} "
+                    "%lld\n",
+                    certs[i].side, t);
+  }
+}
+
 void px_metrics_render(px_server *srv, px_admin_response *r) {
   const px_stats *st = &srv->stats;
   unsigned upstream = 0, pending = 0, delayed = 0, blocked = 0, pubs = 0;
@@ -206,6 +230,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         "Separate connections for retry copies, logged in", pubs);
   render_labelled(srv, r);
   render_histograms(srv, r);
+  render_tls(srv, r);
   gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",
         srv->upstream_ok && !srv->draining);
   gauge(r, "rebound_process_resident_memory_bytes", "Resident memory",

@@ -417,8 +417,18 @@ static void rebind(px_server *srv, uv_tcp_t **l, bool *on, px_addr *a,
 
 /* The TLS contexts for `cfg` (NULL where it has no use for one). false,
  * logged, when a file does not load. */
-static bool tls_contexts(const px_config *cfg, px_tls_ctx **server,
-                         px_tls_ctx **upstream) {
+/* A handshake of a connection of one of the server's contexts. */
+static void tls_observed(void *arg, bool server, const char *failure) {
+  px_server *srv = arg;
+  const char *side = server ? "client" : "upstream";
+  if (failure)
+    px_metrics_inc(srv, PX_M_TLS_FAILURES, side, failure);
+  else
+    px_metrics_inc(srv, PX_M_TLS_HANDSHAKES, side, NULL);
+}
+
+static bool tls_contexts(px_server *srv, const px_config *cfg,
+                         px_tls_ctx **server, px_tls_ctx **upstream) {
   char err[512];
   const px_tls_config *t = &cfg->tls;
   bool any_tls = false;
@@ -436,6 +446,7 @@ static bool tls_contexts(const px_config *cfg, px_tls_ctx **server,
       px_error("tls_listener_config_failed", PX_S("error", err));
       return false;
     }
+    px_tls_ctx_observe(*server, tls_observed, srv);
   }
   if (any_tls) {
     px_tls_opts o = {t->upstream_cert[0] ? t->upstream_cert : NULL,
@@ -450,6 +461,7 @@ static bool tls_contexts(const px_config *cfg, px_tls_ctx **server,
       *server = NULL;
       return false;
     }
+    px_tls_ctx_observe(*upstream, tls_observed, srv);
     if (!t->upstream_verify)
       px_warn("upstream_verify_off",
               PX_S("note", "amqps upstreams' certificates and host names are "
@@ -463,7 +475,7 @@ static bool tls_contexts(const px_config *cfg, px_tls_ctx **server,
  * ones. */
 static void reload_tls(px_server *srv, const px_config *next) {
   px_tls_ctx *server, *upstream;
-  if (!tls_contexts(next, &server, &upstream)) {
+  if (!tls_contexts(srv, next, &server, &upstream)) {
     px_warn("tls_reload_kept", PX_S("kept", "the running certificates"));
     return;
   }
@@ -604,7 +616,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->session_gone = session_gone;
   srv->cfg = cfg;
   srv->spare_fd = -1;
-  if (!tls_contexts(cfg, &srv->tls_server, &srv->tls_upstream))
+  if (!tls_contexts(srv, cfg, &srv->tls_server, &srv->tls_upstream))
     return UV_EINVAL;
   if (cfg->listen_on &&
       !(srv->listener = bind_listener(srv, &cfg->listen, "amqp")))

@@ -169,8 +169,8 @@ typedef struct px_session {
   char peer[64];
   char user[128];
   char vhost[128];
-  uint8_t close_reason;          /* px_close_reason: the first that applied */
-  uint8_t close_req; /* px_close_reason: px_life_close() asked for it */
+  uint8_t close_reason; /* px_close_reason: the first that applied */
+  uint8_t close_req;    /* px_close_reason: px_life_close() asked for it */
 
   /* offered in connection.tune, negotiated in tune-ok */
   uint16_t offer_channel_max;

@@ -19,6 +19,8 @@ struct px_tls_ctx {
   bool server;
   bool no_verify;
   long long not_after;
+  px_tls_observer observe;
+  void *observe_arg;
 };
 
 /* A write waiting for the handshake. */
@@ -229,6 +231,16 @@ long long px_tls_ctx_not_after(const px_tls_ctx *ctx) {
   return ctx->not_after;
 }
 
+void px_tls_ctx_observe(px_tls_ctx *ctx, px_tls_observer fn, void *arg) {
+  ctx->observe = fn;
+  ctx->observe_arg = arg;
+}
+
+static void observed(struct px_tls *t, const char *failure) {
+  if (t->ctx->observe)
+    t->ctx->observe(t->ctx->observe_arg, t->server, failure);
+}
+
 /* ---- ciphertext out -------------------------------------------------------
  */
 
@@ -353,6 +365,7 @@ static void handshake_failed(struct px_tls *t) {
   note_error(t, t->end ? "connection closed during the handshake"
                        : "handshake failed");
   send_own(t); /* the alert */
+  observed(t, t->error);
   socket_reading(t);
   release_waiting(t, UV_EPROTO);
   if (!t->server)
@@ -369,6 +382,7 @@ static bool handshake(struct px_tls *t) {
   send_own(t);
   if (r == 1) {
     t->handshook = true;
+    observed(t, NULL);
     socket_reading(t);
     release_waiting(t, 0);
     if (!t->server)

@@ -60,6 +60,10 @@ void px_tls_ctx_unref(px_tls_ctx *ctx);
 /* When the certificate the context presents stops being valid (seconds
  * since the epoch; 0: it presents none). */
 long long px_tls_ctx_not_after(const px_tls_ctx *ctx);
+/* `fn` is told of every handshake of the context's connections: done
+ * (failure NULL) or failed (OpenSSL's reason). */
+typedef void (*px_tls_observer)(void *arg, bool server, const char *failure);
+void px_tls_ctx_observe(px_tls_ctx *ctx, px_tls_observer fn, void *arg);
 
 /* Put TLS under an accepted connection (after px_conn_accept()). 0 or
  * UV_ENOMEM. */

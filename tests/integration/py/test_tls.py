@@ -259,3 +259,42 @@ def test_sighup_reloads_the_certificate(rebound_factory, certs, tls_broker):
     assert "server.pem" in line["error"]
     again = pika.BlockingConnection(rogue_params())
     again.close()
+
+
+def test_tls_metrics(rebound_factory, certs, tls_broker):
+    """Handshakes and failures by side and reason, and the expiry of the
+    certificate rebound serves."""
+    from test_admin import admin_rebound, metrics
+    port = rbtest.free_port("127.0.0.1")
+    rb = admin_rebound(
+        rebound_factory,
+        "--tls-listen", "127.0.0.1:%d" % port,
+        "--tls-cert", os.path.join(certs, "server.pem"),
+        "--tls-key", os.path.join(certs, "server.key"),
+        "--upstream-ca", os.path.join(certs, "ca.pem"),
+        upstream="amqps://localhost:%d" % tls_broker[0])
+    rb.tls_port = port
+    for _ in range(2):
+        conn = pika.BlockingConnection(client_params(rb, certs, True))
+        conn.channel()
+        conn.close()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"\x16\x03\x01\x00\x05hello")  # a broken ClientHello
+    s.recv(100)  # its alert, or the end
+    s.close()
+    m = rbtest.wait_until(
+        lambda: (lambda v: v if any(k.startswith(
+            "rebound_tls_handshake_failures_total") for k in v) else None)(
+            metrics(rb.admin_port)), 10, "a handshake failure counted")
+    assert m['rebound_tls_handshakes_total{side="client"}'] == 2
+    assert m['rebound_tls_handshakes_total{side="upstream"}'] == 2
+    fails = {k: v for k, v in m.items()
+             if k.startswith('rebound_tls_handshake_failures_total{side="client"')}
+    assert sum(fails.values()) == 1, m
+    out = os.popen("openssl x509 -noout -enddate -in %s"
+                   % os.path.join(certs, "server.pem")).read()
+    import email.utils
+    end = email.utils.parsedate_to_datetime(
+        out.strip().split("=", 1)[1].replace(" GMT", " +0000"))
+    assert m['rebound_tls_certificate_expiry_seconds{side="client"}'] == \
+        int(end.timestamp())
