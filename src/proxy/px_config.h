@@ -56,7 +56,8 @@ typedef struct px_config {
   char config_path[1024];
   bool admin_on;
   px_addr admin;
-  bool retry_shared; /* copies on the client's upstream connection */
+  bool retry_shared;         /* copies on the client's upstream connection */
+  bool ready_needs_upstream; /* /readyz fails while no upstream answers */
 
   /* the retry policy: header prefix and rules, first match wins */
   retry_policy retry;
@@ -123,6 +124,11 @@ typedef struct px_config {
     "connect_timeout", DURATION, "2s",                                         \
     "each upstream address gets this long for the TCP connect, the TLS "       \
     "handshake and the broker's connection.start, then the next is tried")     \
+  X(ready_needs_upstream, "ready-needs-upstream",                              \
+    "REBOUND_READY_NEEDS_UPSTREAM", "ready_needs_upstream", ONOFF, "on",       \
+    "on: /readyz fails while no upstream answers (a drop-in in front of "      \
+    "RabbitMQ); off: ready anyway, the reason shown (a sidecar that should "   \
+    "stay in service during a broker outage)")                                 \
   X(max_connections, "max-connections", "REBOUND_MAX_CONNECTIONS",             \
     "max_connections", LIMIT, "auto",                                          \
     "client connections at once, more are closed on accept (auto: what "       \

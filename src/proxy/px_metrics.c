@@ -231,8 +231,8 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   render_labelled(srv, r);
   render_histograms(srv, r);
   render_tls(srv, r);
-  gauge(r, "rebound_ready", "1 when an upstream is reachable and not draining",
-        srv->upstream_ok && !srv->draining);
+  gauge(r, "rebound_ready", "1 when /readyz answers ready",
+        px_server_ready(srv));
   gauge(r, "rebound_process_resident_memory_bytes", "Resident memory",
         (double)rss_bytes());
   gauge(r, "rebound_process_open_fds", "Open file descriptors",

@@ -3,11 +3,10 @@
  *
  * Every handle here is closed exactly once, by one owner: the listener by
  * the SIGTERM handler or a reload that replaces it (else px_server_stop),
- * the probe's socket by its connect callback or px_server_stop (which
- * cancels a connect in progress; the callback then sees the handle closing
- * and leaves it alone), the timers by px_server_stop, the signal handlers
- * by px_server_close. A refused client's socket is closed where it is
- * accepted.
+ * the probe's connection and dialer by the probe (px_probe.h), a round
+ * under way ended by px_server_stop, the timers by px_server_stop, the
+ * signal handlers by px_server_close. A refused client's socket is closed
+ * where it is accepted.
  */
 #include "px_server.h"
 
@@ -203,61 +202,29 @@ static void on_drain_timeout(uv_timer_t *t) {
 
 /* ---- readiness: is an upstream reachable? ------------------------------- */
 
-static void on_probe_closed(uv_handle_t *h) {
-  px_server *srv = h->data;
-  srv->probe_busy = false;
-}
-
-static void on_probe_connect(uv_connect_t *req, int status) {
-  px_server *srv = req->data;
-  if (uv_is_closing((uv_handle_t *)&srv->probe_tcp))
-    return; /* px_server_stop closed it (status UV_ECANCELED) */
-  bool last = srv->probe_idx + 1 >= srv->cfg->n_upstreams;
-  if (status == 0) {
+/* A probe round's answer (px_probe.h). */
+static void probe_result(void *ctx, bool ok, const char *why) {
+  px_server *srv = ctx;
+  if (ok) {
     srv->upstream_ok = true;
+    srv->probe_warned = false;
     srv->upstream_err[0] = '\0';
-  } else if (last) {
-    if (srv->upstream_ok)
-      px_warn("readiness_probe_failed", PX_S("upstream", srv->probe_addr),
-              PX_S("error", uv_strerror(status)));
-    srv->upstream_ok = false;
-    snprintf(srv->upstream_err, sizeof srv->upstream_err,
-             "no upstream reachable (last: %s: %s)", srv->probe_addr,
-             uv_strerror(status));
-  }
-  /* a failed address: the next one at the next tick, once this handle is
-   * closed */
-  srv->probe_idx = status != 0 && !last ? srv->probe_idx + 1 : 0;
-  uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
-}
-
-/* Try the upstreams in order with a plain TCP connect (numeric addresses;
- * a name counts as reachable when sessions reach it). */
-static void probe_next(px_server *srv) {
-  struct sockaddr_storage ss;
-  if (srv->probe_busy || srv->draining || srv->stopped)
-    return;
-  if (srv->probe_idx >= srv->cfg->n_upstreams) /* a reload shortened it */
-    srv->probe_idx = 0;
-  const px_addr *a = &srv->cfg->upstream[srv->probe_idx];
-  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
-      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
-    srv->probe_idx = 0;
     return;
   }
-  if (uv_tcp_init(srv->loop, &srv->probe_tcp) != 0)
-    return;
-  px_addr_format(a, srv->probe_addr, sizeof srv->probe_addr);
-  srv->probe_tcp.data = srv;
-  srv->probe_req.data = srv;
-  srv->probe_busy = true;
-  if (uv_tcp_connect(&srv->probe_req, &srv->probe_tcp, (struct sockaddr *)&ss,
-                     on_probe_connect) != 0)
-    uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
+  if (!srv->probe_warned)
+    px_warn("readiness_probe_failed", PX_S("error", why));
+  srv->probe_warned = true;
+  srv->upstream_ok = false;
+  snprintf(srv->upstream_err, sizeof srv->upstream_err, "%s", why);
 }
 
+/* A round on every tick, from start-up, as a client would connect. */
 static void on_probe_timer(uv_timer_t *t) {
-  probe_next(t->data);
+  px_server *srv = t->data;
+  if (srv->draining || srv->stopped)
+    return;
+  px_probe_run(&srv->probe, srv->loop, srv->cfg, &srv->dial_memory,
+               srv->tls_upstream, probe_result, srv);
 }
 
 /* ---- admin endpoint ------------------------------------------------------ */
@@ -282,14 +249,16 @@ static void route(void *ctx, const char *method, const char *path,
   if (strcmp(path, "/healthz") == 0) {
     px_admin_printf(r, "ok\n");
   } else if (strcmp(path, "/readyz") == 0) {
+    const char *why =
+        srv->upstream_err[0] ? srv->upstream_err : "upstream not checked yet";
     if (srv->draining) {
       r->status = 503;
       px_admin_printf(r, "not ready: draining (shutting down)\n");
-    } else if (!srv->upstream_ok) {
+    } else if (!px_server_ready(srv)) {
       r->status = 503;
-      px_admin_printf(r, "not ready: %s\n",
-                      srv->upstream_err[0] ? srv->upstream_err
-                                           : "upstream not checked yet");
+      px_admin_printf(r, "not ready: %s\n", why);
+    } else if (!srv->upstream_ok) {
+      px_admin_printf(r, "ready (upstream: %s)\n", why);
     } else {
       px_admin_printf(r, "ready\n");
     }
@@ -319,8 +288,7 @@ void px_server_stop(px_server *srv) {
   close_listener(&srv->tls_listener);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->probe_timer, NULL);
-  if (srv->probe_busy && !uv_is_closing((uv_handle_t *)&srv->probe_tcp))
-    uv_close((uv_handle_t *)&srv->probe_tcp, on_probe_closed);
+  px_probe_stop(&srv->probe);
   if (srv->admin_on) {
     srv->admin_on = false;
     px_admin_stop(&srv->admin, NULL, NULL);

@@ -21,6 +21,7 @@
 #include "px_admin.h"
 #include "px_config.h"
 #include "px_dial.h"
+#include "px_probe.h"
 
 struct px_session;
 
@@ -123,12 +124,9 @@ typedef struct px_server {
   px_admin admin;
   bool admin_on;
   uv_timer_t probe_timer;
-  uv_tcp_t probe_tcp; /* open while probe_busy */
-  uv_connect_t probe_req;
-  unsigned probe_idx;
-  char probe_addr[300]; /* the address being probed */
-  bool probe_busy;
-  bool upstream_ok; /* the last probe (or session) reached one */
+  px_probe probe;
+  bool upstream_ok;  /* the last probe (or session) reached one */
+  bool probe_warned; /* the probe's failure is logged (once until ok) */
   /* tier and dead-letter queues found to exist with the other queue type
    * than their policy's (declared with that type's arguments from then
    * on, by every connection); at most PX_ALT_TYPES_MAX names */
@@ -137,6 +135,13 @@ typedef struct px_server {
   char upstream_err[384];     /* why not, for /readyz */
   px_dial_memory dial_memory; /* upstreams that failed lately */
 } px_server;
+
+/* /readyz's answer: not draining, and an upstream answered the probe (or
+ * a session) unless --ready-needs-upstream is off. */
+static inline bool px_server_ready(const px_server *srv) {
+  return !srv->draining &&
+         (srv->upstream_ok || !srv->cfg->ready_needs_upstream);
+}
 
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a
  * negative libuv error (logged; running the loop then finishes closing the

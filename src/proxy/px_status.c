@@ -163,7 +163,7 @@ void px_status_render(px_server *srv, px_admin_response *r) {
                   "{\"version\":\"%s\",\"uptime_seconds\":%.3f,"
                   "\"ready\":%s,\"draining\":%s,\"listeners\":[",
                   REBOUND_VERSION, (double)(now - srv->started_ms) / 1000.0,
-                  srv->upstream_ok && !srv->draining ? "true" : "false",
+                  px_server_ready(srv) ? "true" : "false",
                   srv->draining ? "true" : "false");
   json_addr(r, &srv->cfg->listen);
   px_admin_printf(r, "],\"sessions\":[");
