@@ -42,7 +42,8 @@ typedef enum px_close_side {
   X(BROKER_LOST, BROKER, AMQP_REPLY_CONNECTION_FORCED,                         \
     "broker connection lost")                                                  \
   X(UPSTREAM_WRITE_FAILED, BROKER, 0, "upstream write failed")                 \
-  X(NO_UPSTREAM, BROKER, 0, "no upstream reachable")                           \
+  X(NO_UPSTREAM, BROKER, AMQP_REPLY_CONNECTION_FORCED,                         \
+    "no upstream reachable")                                                   \
   X(PROTOCOL_ERROR, REBOUND, 0, "closed by rebound")                           \
   X(OUT_OF_MEMORY, REBOUND, 0, "out of memory")                                \
   X(ENCODE_FAILED, REBOUND, 0, "encode failed")                                \

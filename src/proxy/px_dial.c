@@ -49,8 +49,12 @@ static void note(px_dial *d, const char *err) {
   px_warn("upstream_attempt_failed", PX_U("id", d->id),
           PX_S("upstream", d->addr), PX_S("address", where),
           PX_S("error", err));
-  snprintf(d->errors + n, sizeof d->errors - n, "%s%s (%s): %s", n ? "; " : "",
-           d->addr, where, err);
+  if (strcmp(where, d->addr) == 0) /* a numeric upstream */
+    snprintf(d->errors + n, sizeof d->errors - n, "%s%s: %s", n ? "; " : "",
+             d->addr, err);
+  else
+    snprintf(d->errors + n, sizeof d->errors - n, "%s%s (%s): %s",
+             n ? "; " : "", d->addr, where, err);
   d->ev->attempt_failed(d->ctx, d->addr);
 }
 
@@ -171,6 +175,7 @@ static void attempt(px_dial *d) {
       return;
     }
     if (d->pos >= d->n) {
+      d->failed = true;
       d->ev->failed(d->ctx);
       return;
     }

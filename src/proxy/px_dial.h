@@ -71,6 +71,7 @@ typedef struct px_dial {
   bool gai_pending;
   bool closing_attempt; /* the next attempt follows the closed event */
   bool done;            /* connection.start came: dialing is over */
+  bool failed;          /* every upstream failed */
   bool closed;          /* px_dial_close() */
   bool timer_closed;
   bool tls_now;     /* the upstream in use is amqps */

@@ -138,6 +138,22 @@ px_out_status px_out_connection_close(px_out *o, px_conn *sink, uint16_t code,
   return px_out_method(o, sink, 0, &m);
 }
 
+px_out_status px_out_connection_start(px_out *o, px_conn *sink) {
+  uint8_t props[64];
+  amqp_writer w = amqp_writer_make(props, sizeof props);
+  amqp_field f = amqp_field_string(amqp_cstr("rebound"));
+  amqp_table_write_entry(&w, amqp_cstr("product"), &f);
+  amqp_method m;
+  amqp_method_init(&m, AMQP_CONNECTION_START);
+  m.args[AMQP_F_CONNECTION_START_VERSION_MAJOR].u = 0;
+  m.args[AMQP_F_CONNECTION_START_VERSION_MINOR].u = 9;
+  m.args[AMQP_F_CONNECTION_START_SERVER_PROPERTIES].b =
+      (amqp_bytes){props, w.len};
+  m.args[AMQP_F_CONNECTION_START_MECHANISMS].b = amqp_cstr("PLAIN AMQPLAIN");
+  m.args[AMQP_F_CONNECTION_START_LOCALES].b = amqp_cstr("en_US");
+  return px_out_method(o, sink, 0, &m);
+}
+
 px_out_status px_out_channel_close(px_out *o, px_conn *sink, uint16_t ch,
                                    uint16_t code, const char *text) {
   amqp_method m;

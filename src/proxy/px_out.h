@@ -74,6 +74,10 @@ px_out_status px_out_method(px_out *o, px_conn *sink, uint16_t ch,
 px_out_status px_out_connection_close(px_out *o, px_conn *sink, uint16_t code,
                                       const char *text, uint16_t class_id,
                                       uint16_t method_id) PX_OUT_CHECK;
+/* rebound's own connection.start (0-9, product "rebound", PLAIN and
+ * AMQPLAIN, en_US): what a client that reached no broker is answered
+ * with before it is told why in connection.close. */
+px_out_status px_out_connection_start(px_out *o, px_conn *sink) PX_OUT_CHECK;
 px_out_status px_out_channel_close(px_out *o, px_conn *sink, uint16_t ch,
                                    uint16_t code,
                                    const char *text) PX_OUT_CHECK;

@@ -389,6 +389,57 @@ static void after_event(px_session *s) {
   check_out(s);
 }
 
+/* No upstream answered and the client's protocol header is in: it gets
+ * rebound's own connection.start, and its start-ok the reason. */
+static void refuse(px_session *s) {
+  px_life_phase(s, PX_PHASE_REFUSING);
+  if (px_out_connection_start(&s->out, &s->client) != PX_OUT_OK)
+    check_out(s);
+  if (px_life_closed(s))
+    return;
+  px_conn_read(&s->client);
+  side_flush(&s->client);
+}
+
+/* The refused client's frames: its start-ok gets connection.tune, its
+ * connection.open open-ok and at once connection.close 320 "no upstream
+ * reachable", as a broker going down closes its clients (a client closed
+ * before it is open takes it for refused credentials or vhost); from then
+ * on it is a client being told to close. Other frames are dropped. */
+static void refusing_input(px_session *s, px_chunk *c) {
+  while (c->off < c->len) {
+    amqp_frame f;
+    long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
+                              PX_PRETUNE_FRAME_MAX, &f);
+    if (n == AMQP_PARTIAL)
+      break;
+    if (n < 0) {
+      c->off = c->len;
+      break;
+    }
+    c->off += (uint32_t)n;
+    uint32_t id = f.type == AMQP_FRAME_METHOD && f.channel == 0
+                      ? amqp_method_peek_id(f.payload)
+                      : 0;
+    if (id == AMQP_CONNECTION_START_OK) { /* tuned, as the broker would */
+      amqp_method m;
+      amqp_method_init(&m, AMQP_CONNECTION_TUNE);
+      m.args[AMQP_F_CONNECTION_TUNE_FRAME_MAX].u = PX_PRETUNE_FRAME_MAX;
+      if (px_out_method(&s->out, &s->client, 0, &m) != PX_OUT_OK)
+        break;
+    } else if (id == AMQP_CONNECTION_OPEN) {
+      amqp_method m;
+      amqp_method_init(&m, AMQP_CONNECTION_OPEN_OK);
+      if (px_out_method(&s->out, &s->client, 0, &m) == PX_OUT_OK)
+        px_life_tell_client(s, PX_CR_NO_UPSTREAM);
+      break;
+    }
+  }
+  check_out(s);
+  if (!px_life_closed(s))
+    side_flush(&s->client);
+}
+
 /* A TLS handshake record (a ClientHello): type 22, version 3.x. */
 static bool speaks_tls(const uint8_t *p, size_t n) {
   return n >= 3 && p[0] == 0x16 && p[1] == 0x03 && p[2] <= 0x04;
@@ -418,6 +469,11 @@ static int check_client_header(px_session *s, px_chunk *c) {
       return -1;
     }
     px_life_close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
+    return -1;
+  }
+  if (s->dial.failed) { /* no broker: the client is told, in AMQP */
+    c->off += AMQP_PROTOCOL_HEADER_SIZE;
+    refuse(s);
     return -1;
   }
   if (!s->upstream.connected) { /* forwarded once the upstream is up */
@@ -501,6 +557,10 @@ static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
  * what comes after a close-ok is dropped, as the broker does. The client's
  * protocol header comes first. */
 static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
+  if (from == &s->client && s->phase == PX_PHASE_REFUSING) {
+    refusing_input(s, c);
+    return false;
+  }
   if (from == &s->upstream && from->lingering &&
       s->up_end == PX_UP_CLOSE_SENT) {
     await_close_ok(s, c); /* a partial frame stays for the next read */
@@ -719,11 +779,30 @@ static void dial_connected(void *ctx) {
   px_conn_read(&s->client);
 }
 
+/* Every upstream failed. A client whose protocol header came (or comes
+ * within the handshake's limit) is answered in AMQP: rebound's own
+ * connection.start, then connection.close 320 with the reason, not a
+ * bare EOF. */
 static void dial_failed(void *ctx) {
   px_session *s = ctx;
   px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
            PX_S("tried", s->dial.errors));
-  px_session_close(s, PX_CR_NO_UPSTREAM);
+  px_life_note(s, PX_CR_NO_UPSTREAM);
+  if (s->phase == PX_PHASE_HANDSHAKE) {
+    refuse(s); /* the header went to an attempt that failed */
+  } else if (s->phase == PX_PHASE_CONNECTING) {
+    px_conn_read(&s->client);
+    px_chunk *in = px_conn_input(&s->client);
+    if (in && in->len > in->off) {
+      process_input(s, &s->client);
+      if (!px_life_closed(s))
+        settle_chunk(s, &s->client);
+    }
+  } else {
+    px_session_close(s, PX_CR_NO_UPSTREAM);
+    return;
+  }
+  session_flush(s);
 }
 
 static void dial_attempt_failed(void *ctx, const char *addr) {
@@ -763,6 +842,7 @@ static void on_phase_timeout(px_session *s) {
     break;
   case PX_PHASE_CLOSING: /* only the handshake's limit runs on into it
                             (open has none) */
+  case PX_PHASE_REFUSING:
     on_handshake_timeout(s);
     break;
   case PX_PHASE_CLIENT_DEAD:

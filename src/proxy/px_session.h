@@ -41,6 +41,12 @@ struct px_server;
  *                                          (either way): close-ok awaited
  *                                          (within the handshake's limit
  *                                          if it came in the handshake)
+ *   connecting|handshake -> refusing      no upstream answered: the
+ *                                          client got rebound's own
+ *                                          connection.start; its
+ *                                          connection.open is answered
+ *                                          with connection.close 320 (within
+ *                                          the handshake's limit)
  *   any -> telling-client                 rebound sent the client
  *                                          connection.close (error,
  *                                          shutdown, broker lost)
@@ -66,6 +72,7 @@ struct px_server;
   X(HANDSHAKE, "handshake", PX_PHASE_RUNS_ON)                                  \
   X(OPEN, "open", 0)                                                           \
   X(CLOSING, "closing", PX_PHASE_RUNS_ON)                                      \
+  X(REFUSING, "refusing", PX_PHASE_RUNS_ON)                                    \
   X(TELLING_CLIENT, "telling-client", PX_CLOSE_WAIT_MS)                        \
   X(CLIENT_ANSWERED, "client-answered", cfg->retry_finish_timeout_ms)          \
   X(FINISHING, "finishing", PX_FINISH_WAIT_MS)                                 \

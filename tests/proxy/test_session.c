@@ -786,16 +786,66 @@ static void test_close_in_handshake_keeps_its_limit(void **state) {
   gone_as(h, "handshake timeout");
 }
 
+/* No upstream reachable: the client is answered in AMQP, not with a bare
+ * EOF: rebound's own connection.start and tune, and to the client's
+ * connection.open a connection.close 320 naming the reason. */
+static void refused(harness *h) {
+  amqp_method m;
+  h_expect(h, H_CLIENT, "ch0 connection.start*");
+  amqp_method_init(&m, AMQP_CONNECTION_START_OK);
+  m.args[AMQP_F_CONNECTION_START_OK_MECHANISM].b = amqp_cstr("PLAIN");
+  m.args[AMQP_F_CONNECTION_START_OK_RESPONSE].b = amqp_cstr("guest");
+  m.args[AMQP_F_CONNECTION_START_OK_LOCALE].b = amqp_cstr("en_US");
+  h_method(h, H_CLIENT, 0, &m);
+  h_expect(h, H_CLIENT, "ch0 connection.tune *");
+  amqp_method_init(&m, AMQP_CONNECTION_TUNE_OK);
+  m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u = 131072;
+  h_method(h, H_CLIENT, 0, &m);
+  amqp_method_init(&m, AMQP_CONNECTION_OPEN);
+  m.args[AMQP_F_CONNECTION_OPEN_VIRTUAL_HOST].b = amqp_cstr("/");
+  h_method(h, H_CLIENT, 0, &m);
+  h_expect(h, H_CLIENT, "ch0 connection.open-ok*");
+  h_expect(h, H_CLIENT,
+           "ch0 connection.close code=320 "
+           "text=\"CONNECTION_FORCED - no upstream reachable\"*");
+  h_close_ok(h, H_CLIENT, 0);
+  gone_as(h, "no upstream reachable");
+  h_expect_none(h, H_CLIENT);
+}
+
 static void test_close_no_upstream(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
   h_peer(h, H_BROKER)->connect_status = UV_ECONNREFUSED;
   h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
-  gone_as(h, "no upstream reachable");
+  refused(h);
   assert_int_equal(h_metric(h, PX_M_CONNECT_FAILURES, "127.0.0.1:5672", NULL),
                    1);
   assert_string_equal(h_peer(h, H_BROKER)->connect_addr, "127.0.0.1:5672");
-  h_expect_none(h, H_CLIENT);
+}
+
+/* The upstreams failed before the client's protocol header came: it is
+ * refused the same way once it does. */
+static void test_close_no_upstream_header_later(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_peer(h, H_BROKER)->connect_status = UV_ECONNREFUSED;
+  h_settle(h);
+  assert_non_null(h->s);
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  refused(h);
+}
+
+/* A refused client that never answers rebound's connection.start: the
+ * handshake's limit ends it. */
+static void test_close_no_upstream_client_silent(void **state) {
+  static const char *const args[] = {POLICY, "--handshake-timeout", "300ms",
+                                     NULL};
+  harness *h = start(state, args);
+  h_peer(h, H_BROKER)->connect_status = UV_ECONNREFUSED;
+  h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
+  h_expect(h, H_CLIENT, "ch0 connection.start*");
+  gone_as(h, "no upstream reachable");
 }
 
 /* A client protocol error: connection.close with the reply code to the
@@ -1121,7 +1171,8 @@ static void test_dial_all_time_out(void **state) {
   h_peer(h, H_BROKER)->connect_hanging = true; /* the first, under way */
   h_peer(h, H_BROKER)->connect_hangs = 1;      /* and the second */
   h_send(h, H_CLIENT, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE);
-  gone_as(h, "no upstream reachable");
+  h_wait_ms(h, 800); /* two timeouts of 300 ms */
+  refused(h);
   assert_int_equal(h_peer(h, H_BROKER)->connects, 2);
   h_expect_none(h, H_BROKER);
 }
@@ -1289,6 +1340,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_in_handshake_keeps_its_limit,
                                 teardown),
       cmocka_unit_test_teardown(test_close_no_upstream, teardown),
+      cmocka_unit_test_teardown(test_close_no_upstream_header_later, teardown),
+      cmocka_unit_test_teardown(test_close_no_upstream_client_silent, teardown),
       cmocka_unit_test_teardown(test_close_bad_frame_end, teardown),
       cmocka_unit_test_teardown(test_close_class_on_channel0, teardown),
       cmocka_unit_test_teardown(test_close_content_on_channel0, teardown),

@@ -314,3 +314,21 @@ def test_not_ready_when_the_upstream_certificate_fails(rebound_factory, certs,
                       "the certificate's failure")
     status, _, body = get(rb.admin_port, "/readyz")
     assert status == 503 and "localhost:%d" % tls_broker[0] in body, body
+
+
+def test_client_told_when_the_upstream_certificate_fails(rebound_factory,
+                                                         certs, tls_broker):
+    """An upstream that fails verification (the only one) gives the client
+    a clean close with the reason, not a bare EOF."""
+    rb = tls_rebound(rebound_factory, certs, tls_broker[0], True,
+                     "--upstream-ca", os.path.join(certs, "other-ca.pem"))
+    conn = pika.BlockingConnection(client_params(rb, certs, True))
+    rbtest.wait_until(
+        lambda: conn.is_closed or (conn.process_data_events(0.1), False)[1],
+        5, "the connection closed by rebound")
+    # rebound answered in AMQP (its handshake and connection.close 320,
+    # checked frame by frame in test_bad_input), then the client hung up
+    closed = rb.wait_log("session_close", reason="no upstream reachable")
+    assert int(closed["bytes_to_client"]) > 0
+    line = rb.log_lines("upstream_attempt_failed")[0]
+    assert "certificate" in line["error"]
