@@ -173,7 +173,8 @@ typedef enum px_config_result {
 /* Fill `cfg` from defaults, then the config file (--config or
  * REBOUND_CONFIG), then `env` (a getenv-like function, may be NULL), then
  * argv. On PX_CONFIG_ERROR `err` holds a one-line reason (for the file:
- * "FILE:LINE: reason"). */
+ * "FILE:LINE: reason"; for settings that only make sense together, from
+ * whichever layer: the flags named, "--tls-listen needs ..."). */
 px_config_result px_config_load(px_config *cfg, int argc, char **argv,
                                 const char *(*env)(const char *), char *err,
                                 size_t errlen);

@@ -74,7 +74,13 @@ static void check_policy(const px_config *c, const uint8_t *data, size_t size) {
 
 static void check_loaded(const px_config *c, const uint8_t *data, size_t size) {
   check(strcmp(c->config_path, path) == 0);
-  check_addr(&c->listen);
+  check(c->listen_on || c->tls.listen_on);
+  if (c->listen_on)
+    check_addr(&c->listen);
+  if (c->tls.listen_on) {
+    check_addr(&c->tls.listen);
+    check(c->tls.cert[0] && c->tls.key[0]);
+  }
   check(c->n_upstreams >= 1 && c->n_upstreams <= PX_MAX_UPSTREAMS);
   for (unsigned i = 0; i < c->n_upstreams; i++)
     check_addr(&c->upstream[i]);
@@ -83,8 +89,9 @@ static void check_loaded(const px_config *c, const uint8_t *data, size_t size) {
   check(c->log_level >= PX_LOG_DEBUG && c->log_level <= PX_LOG_ERROR);
   check(c->log_format == PX_LOG_TEXT || c->log_format == PX_LOG_JSON);
   const uint32_t timeouts[] = {c->drain_timeout_ms, c->handshake_timeout_ms,
-                               c->retry_finish_timeout_ms};
-  for (int i = 0; i < 3; i++)
+                               c->retry_finish_timeout_ms,
+                               c->connect_timeout_ms};
+  for (int i = 0; i < 4; i++)
     check(timeouts[i] >= 1 && timeouts[i] <= DELAY_MAX_MS);
   check(terminated(c->retry.header_prefix, sizeof c->retry.header_prefix));
   check(c->retry.rules == c->rules && c->retry.nrules <= PX_MAX_RULES);
@@ -93,11 +100,17 @@ static void check_loaded(const px_config *c, const uint8_t *data, size_t size) {
   check_policy(c, data, size);
 }
 
-/* "FILE:LINE: reason", LINE within the file (or just past its end). */
+/* "FILE:LINE: reason", LINE within the file (or just past its end); or
+ * settings that only make sense together, named by their flags ("--listen
+ * and --tls-listen are both off: ..."), one line. */
 static void check_error(const char *err, const uint8_t *data, size_t size) {
   size_t plen = strlen(path), lines = 1;
-  check(terminated(err, 512) && strncmp(err, path, plen) == 0 &&
-        err[plen] == ':');
+  check(terminated(err, 512));
+  if (strncmp(err, "--", 2) == 0) {
+    check(err[2] && !strchr(err, '\n'));
+    return;
+  }
+  check(strncmp(err, path, plen) == 0 && err[plen] == ':');
   char *end;
   unsigned long line = strtoul(err + plen + 1, &end, 10);
   for (size_t i = 0; i < size; i++) /* at most: \r\n counts once for YAML */
