@@ -7,11 +7,12 @@
 #   expired.pem, expired.key  signed by it, valid only in 2020
 #   other-ca.pem              another CA, which signed nothing here
 #   rogue.pem, rogue.key      signed by other-ca for localhost
+#   elsewhere.pem, .key       signed by ca, for elsewhere.test only
 set -eu
 dir=$1
 mkdir -p "$dir"
 cd "$dir"
-[ -s server.pem ] && [ -s expired.pem ] && exit 0
+[ -s server.pem ] && [ -s expired.pem ] && [ -s elsewhere.pem ] && exit 0
 q() { "$@" >/dev/null 2>&1 || { echo "make_certs: failed: $*" >&2; exit 1; }; }
 
 ca() { # name
@@ -38,6 +39,8 @@ extendedKeyUsage=serverAuth'
 leaf server ca "$server_ext"
 leaf client ca 'extendedKeyUsage=clientAuth'
 leaf rogue other-ca "$server_ext"
+leaf elsewhere ca 'subjectAltName=DNS:elsewhere.test
+extendedKeyUsage=serverAuth'
 
 # expired: openssl ca sets both dates
 mkdir -p ca.db

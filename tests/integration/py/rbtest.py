@@ -221,7 +221,7 @@ class Rebound:
     """One rebound process started for a test."""
 
     def __init__(self, log_dir, upstream, args=(), listen_host="127.0.0.1",
-                 env=None, name="rebound"):
+                 env=None, name="rebound", wrapper=()):
         self.upstream = upstream
         self.args = list(args)
         self.listen_host = listen_host
@@ -237,7 +237,8 @@ class Rebound:
             self._logf = open(self.log_path, "wb")
             # no admin endpoint unless a test asks for one (--admin later
             # in args wins): parallel instances would share its port
-            cmd = [BIN, "--listen", self.addr, "--admin", "off",
+            # wrapper: a command that execs the rest (the pid stays rebound's)
+            cmd = [*wrapper, BIN, "--listen", self.addr, "--admin", "off",
                    "--upstream", upstream, "--log-level", "debug", *self.args]
             self.cmd = cmd
             penv = dict(os.environ)

@@ -3,6 +3,7 @@ answers, one whose SYNs are dropped (a listener with a full accept
 queue), a host name with several addresses, and the memory of upstreams
 that failed lately."""
 import socket
+import subprocess
 import time
 
 import pika
@@ -97,21 +98,55 @@ def test_failed_upstream_is_tried_last(rebound_factory, broker):
     silent.close()
 
 
-def test_every_address_of_a_name(rebound_factory, broker):
-    """localhost names 127.0.0.1 and (where configured) ::1; the broker
-    listens on 127.0.0.1 only. Each address is tried in the resolver's
-    order, so the client gets through either way."""
-    addrs = [a[4][0] for a in socket.getaddrinfo(
-        "localhost", broker.port, type=socket.SOCK_STREAM,
-        flags=socket.AI_ADDRCONFIG)]
+NAME = "multi.rebound.test"
+HOSTS = "::1 %s\n127.0.0.1 %s\n127.0.0.5 %s\n" % (NAME, NAME, NAME)
+
+
+def private_hosts(tmp_path):
+    """A command prefix that runs the rest in a mount namespace of its own
+    whose /etc/hosts gives NAME an AAAA and two A addresses, and the order
+    the resolver gives them there (with AI_ADDRCONFIG, as rebound asks)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(HOSTS)
+    wrap = ["unshare", "-m", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
+    probe = ("import socket; print(' '.join(a[4][0] for a in socket."
+             "getaddrinfo(%r, 1, type=socket.SOCK_STREAM, "
+             "flags=socket.AI_ADDRCONFIG)))" % NAME)
+    out = subprocess.run(wrap + ["/usr/bin/python3", "-c", probe],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    return wrap, out.stdout.split()
+
+
+def test_every_address_of_a_name(rebound_factory, broker, tmp_path):
+    """A host name with several addresses (A and AAAA): each is tried in
+    the resolver's order. Every address but the resolver's last is a
+    silent listener; the last is the way to the broker (a rebound in front
+    of it). The client gets through within one connect timeout per
+    silent address and a little, and the log names each failed try."""
+    wrap, order = private_hosts(tmp_path)
+    assert len(order) >= 2, order
+    front = rebound_factory("--retry-queues", "none-here",
+                            listen_host=order[-1])
+    silent = []
+    for addr in order[:-1]:
+        s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+        s.bind((addr, front.port))
+        s.listen(16)
+        silent.append(s)
     rb = rebound_factory("--connect-timeout", "%gs" % TIMEOUT_S,
-                         upstream="localhost:%d" % broker.port)
-    connect_time(rb, broker)
-    failed = rb.log_lines("upstream_attempt_failed")
-    if addrs and addrs[0] != "127.0.0.1":
-        assert failed and failed[0]["address"].startswith("[" + addrs[0])
-    else:
-        assert not failed
+                         "--retry-queues", "none-here", wrapper=wrap,
+                         upstream="%s:%d" % (NAME, front.port))
+    took = connect_time(rb, broker)
+    assert took < TIMEOUT_S * len(silent) + 2, took
+    tried = [l["address"] for l in rb.log_lines("upstream_attempt_failed")
+             if l["id"] != "0"]
+    fmt = lambda a: ("[%s]:%d" if ":" in a else "%s:%d") % (a, front.port)
+    assert tried == [fmt(a) for a in order[:-1]], (tried, order)
+    assert front.wait_log("session_open")
+    for s in silent:
+        s.close()
 
 
 def test_unreachable_names_every_try(rebound_factory, broker):

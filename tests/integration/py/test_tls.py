@@ -15,6 +15,7 @@ import time
 import pika
 import pytest
 
+import amqp_raw
 import rbtest
 
 
@@ -178,10 +179,12 @@ def test_client_certificate_required(rebound_factory, certs, tls_broker):
                      "--tls-client-ca", os.path.join(certs, "ca.pem"))
     conn = pika.BlockingConnection(client_params(rb, certs, True,
                                                  cert="client"))
-    conn.channel()
-    conn.close()
+    ch = conn.channel()
     with pytest.raises(pika.exceptions.AMQPError):
         pika.BlockingConnection(client_params(rb, certs, True))
+    # the session beside the refused one carries on
+    ch.queue_declare("", exclusive=True)
+    conn.close()
     rbtest.wait_until(lambda: rb.log_lines("client_tls_failed"), 5, "a client_tls_failed line")
     assert "certificate" in rb.log_lines("client_tls_failed")[0]["error"]
     assert rb.log_lines("session_close", reason="client TLS failed")
@@ -332,3 +335,52 @@ def test_client_told_when_the_upstream_certificate_fails(rebound_factory,
     assert int(closed["bytes_to_client"]) > 0
     line = rb.log_lines("upstream_attempt_failed")[0]
     assert "certificate" in line["error"]
+
+
+def tls_front(rebound_factory, certs, name):
+    """A TLS endpoint in front of the test broker that serves the
+    certificate `name` (a rebound whose TLS listener presents it)."""
+    port = rbtest.free_port("127.0.0.1")
+    front = rebound_factory(
+        "--tls-listen", "127.0.0.1:%d" % port,
+        "--tls-cert", os.path.join(certs, name + ".pem"),
+        "--tls-key", os.path.join(certs, name + ".key"),
+        "--retry-queues", "none-here")
+    front.tls_port = port
+    return front
+
+
+@pytest.mark.parametrize("served,reason",
+                         [("expired", "certificate has expired"),
+                          ("elsewhere", "hostname mismatch"),
+                          ("rogue", "unable to get local issuer certificate")],
+                         ids=["expired", "wrong-host-name", "unknown-ca"])
+def test_upstream_certificate_refused_end_to_end(rebound_factory, certs,
+                                                 tls_broker, broker, served,
+                                                 reason):
+    """An amqps upstream that serves an expired certificate, one for
+    another host name, or one of an unknown CA: the client gets a clean
+    AMQP close (320), the log names the upstream and OpenSSL's reason, and
+    a session through a good upstream of the same process carries on."""
+    front = tls_front(rebound_factory, certs, served)
+    good = tls_rebound(rebound_factory, certs, tls_broker[0], True,
+                       "--retry-queues", "none-here")
+    beside = pika.BlockingConnection(client_params(good, certs, True))
+    rb = rebound_factory("--upstream-ca", os.path.join(certs, "ca.pem"),
+                         "--retry-queues", "none-here",
+                         upstream="amqps://localhost:%d" % front.tls_port)
+    c = amqp_raw.RawClient(rb.port)
+    try:
+        c.handshake(broker.user, broker.password, broker.vhost)
+        code, text = c.expect_connection_close()[:2]
+        c.send(amqp_raw.connection_close_ok())
+        c.wait_eof()
+    finally:
+        c.close()
+    assert (code, text) == (320, "CONNECTION_FORCED - no upstream reachable")
+    line = rb.wait_log("upstream_attempt_failed")
+    assert line["upstream"] == "localhost:%d" % front.tls_port
+    assert reason in line["error"], line
+    assert rb.log_lines("session_close", reason="no upstream reachable")
+    beside.channel().queue_declare("", exclusive=True)
+    beside.close()
