@@ -55,7 +55,8 @@ static void note(px_dial *d, const char *err) {
   else
     snprintf(d->errors + n, sizeof d->errors - n, "%s%s (%s): %s",
              n ? "; " : "", d->addr, where, err);
-  d->ev->attempt_failed(d->ctx, d->addr);
+  if (d->ev->attempt_failed)
+    d->ev->attempt_failed(d->ctx, d->addr);
 }
 
 /* On to the next address of this upstream, or the next upstream (this

@@ -44,7 +44,8 @@ typedef struct px_dial_events {
   void (*connected)(void *ctx);
   /* Every upstream failed: px_dial's `errors` says how. */
   void (*failed)(void *ctx);
-  /* A connect failure was counted for `addr` (the owner's metrics). */
+  /* A connect failure was counted for `addr` (the owner's metrics);
+   * optional (NULL: not counted). */
   void (*attempt_failed)(void *ctx, const char *addr);
   /* After px_dial_close(): its timer and resolver are done. */
   void (*released)(void *ctx);

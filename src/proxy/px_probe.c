@@ -113,18 +113,14 @@ static void dial_failed(void *ctx) {
   finish(p, false, why);
 }
 
-static void dial_attempt_failed(void *ctx, const char *addr) {
-  (void)ctx;
-  (void)addr;
-}
-
 static void dial_released(void *ctx) {
   released(ctx);
 }
 
+/* The probe's failed tries are logged by px_dial, not counted as the
+ * clients' connect failures. */
 static const px_dial_events dial_events = {dial_opened, dial_connected,
-                                           dial_failed, dial_attempt_failed,
-                                           dial_released};
+                                           dial_failed, NULL, dial_released};
 
 void px_probe_run(px_probe *p, uv_loop_t *loop, const px_config *cfg,
                   px_dial_memory *memory, struct px_tls_ctx *tls,
