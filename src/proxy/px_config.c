@@ -81,6 +81,38 @@ int px_parse_tiers(const char *v, retry_rule *r) {
   return each_item(v, add_tier, r);
 }
 
+/* One "key=value" of --retry-backoff; ranges are checked when the rule
+ * is compiled. */
+static int backoff_item(const char *item, void *arg) {
+  retry_backoff *b = arg;
+  const char *eq = strchr(item, '=');
+  char *end = NULL;
+  if (!eq || !eq[1])
+    return -1;
+  size_t klen = (size_t)(eq - item);
+  const char *v = eq + 1;
+  if (klen == 7 && strncmp(item, "initial", 7) == 0)
+    return retry_delay_parse(v, strlen(v), &b->initial_ms);
+  if (klen == 3 && strncmp(item, "max", 3) == 0)
+    return retry_delay_parse(v, strlen(v), &b->max_ms);
+  if (klen == 10 && strncmp(item, "multiplier", 10) == 0)
+    b->multiplier = strtod(v, &end);
+  else if (klen == 6 && strncmp(item, "jitter", 6) == 0)
+    b->jitter = strtod(v, &end);
+  else if (klen == 7 && strncmp(item, "buckets", 7) == 0)
+    b->buckets = (unsigned)strtoul(v, &end, 10);
+  return end && end != v && !*end ? 0 : -1;
+}
+
+int px_parse_backoff(const char *v, retry_backoff *b) {
+  if (strcmp(v, "off") == 0) {
+    memset(b, 0, sizeof *b);
+    return 0;
+  }
+  retry_backoff_default(b);
+  return each_item(v, backoff_item, b);
+}
+
 int px_parse_globs(const char *v, retry_rule *r) {
   r->nglobs = 0;
   return each_item(v, add_glob, r);
@@ -256,6 +288,9 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
   ((c)->override.queues = true, px_parse_globs(v, &(c)->override.rule))
 #define PARSE_TIERS(c, field, v)                                               \
   ((c)->override.tiers = true, px_parse_tiers(v, &(c)->override.rule))
+#define PARSE_BACKOFF(c, field, v)                                             \
+  ((c)->override.backoff = true,                                               \
+   px_parse_backoff(v, &(c)->override.rule.backoff))
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
 #define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
 #define PARSE_QUEUE_TYPE(c, field, v) parse_QUEUE_TYPE(c, v)
@@ -279,6 +314,9 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define EXPECT_PREFIX "a string of at most 63 bytes"
 #define EXPECT_GLOBS "queue globs like 'orders.*,print'"
 #define EXPECT_TIERS "delays like '1s,2s,4s' (each at most 24h)"
+#define EXPECT_BACKOFF                                                         \
+  "off or 'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' (any of "     \
+  "them)"
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
 #define EXPECT_QUEUE_TYPE "auto, quorum or classic"
@@ -336,14 +374,27 @@ static const char *expected(const char *flag) {
 static void apply_override(px_config *c) {
   for (unsigned i = 0; c->override.queue_type && i < c->retry.nrules; i++)
     c->rules[i].queue_type = c->override.rule.queue_type;
-  if (!c->override.tiers && !c->override.queues && !c->override.max_attempts)
+  if (!c->override.tiers && !c->override.queues && !c->override.max_attempts &&
+      !c->override.backoff)
     return;
   retry_rule r = c->retry.nrules ? c->rules[0] : c->override.rule;
   if (!c->retry.nrules)
     retry_rule_default(&r);
-  if (c->override.tiers) {
+  if (c->override.tiers) { /* a fixed list replaces a backoff */
     memcpy(r.tiers_ms, c->override.rule.tiers_ms, sizeof r.tiers_ms);
     r.ntiers = c->override.rule.ntiers;
+    r.nbuckets = 0;
+    r.backoff.initial_ms = 0;
+  }
+  if (c->override.backoff) {
+    r.backoff = c->override.rule.backoff;
+    if (!r.backoff.initial_ms && r.nbuckets > 1) { /* off: the default list */
+      retry_rule d;
+      retry_rule_default(&d);
+      memcpy(r.tiers_ms, d.tiers_ms, sizeof r.tiers_ms);
+      r.ntiers = d.ntiers;
+      r.nbuckets = 0;
+    }
   }
   if (c->override.queues) {
     memcpy(r.globs, c->override.rule.globs, sizeof r.globs);
@@ -446,8 +497,17 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
   px_config_result r = load_layers(cfg, argc, argv, env, err, errlen);
   if (r == PX_CONFIG_OK && check_tls(cfg, err, errlen) != 0)
     r = PX_CONFIG_ERROR;
+  if (r == PX_CONFIG_OK && cfg->override.tiers && cfg->override.backoff &&
+      cfg->override.rule.backoff.initial_ms) {
+    snprintf(err, errlen, "--retry-tiers and --retry-backoff: give one");
+    r = PX_CONFIG_ERROR;
+  }
   if (r == PX_CONFIG_OK)
     apply_override(cfg);
+  /* a backoff's levels depend on max_attempts, which a flag may change */
+  for (unsigned i = 0; r == PX_CONFIG_OK && i < cfg->retry.nrules; i++)
+    if (retry_rule_compile(&cfg->rules[i], err, errlen) != 0)
+      r = PX_CONFIG_ERROR;
   return r;
 }
 

@@ -65,7 +65,7 @@ typedef struct px_config {
   /* retry settings given by flag or env replace the file's rules with one
    * rule: the file's first (or the default) with these fields changed */
   struct {
-    bool tiers, queues, max_attempts, queue_type;
+    bool tiers, queues, max_attempts, queue_type, backoff;
     retry_rule rule;
   } override;
 } px_config;
@@ -151,6 +151,10 @@ typedef struct px_config {
     "queues to intercept: 'glob,glob' (default: all)")                         \
   X(retry_tiers, "retry-tiers", "REBOUND_RETRY_TIERS", NULL, TIERS, NULL,      \
     "delays before attempts 2, 3, ...: '1s,2s,4s'")                            \
+  X(retry_backoff, "retry-backoff", "REBOUND_RETRY_BACKOFF", NULL, BACKOFF,    \
+    NULL,                                                                      \
+    "exponential backoff with jitter instead of a tier list: "                 \
+    "'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' or off")           \
   X(max_attempts, "max-attempts", "REBOUND_MAX_ATTEMPTS", NULL, ATTEMPTS,      \
     NULL, "deliveries before dead-lettering (default 4)")                      \
   X(retry_queue_type, "retry-queue-type", "REBOUND_RETRY_QUEUE_TYPE", NULL,    \
@@ -217,6 +221,10 @@ int px_config_read_file(px_config *cfg, const px_config_keys *keys,
 /* Parse "1s,2s,4s" / "a*,b" into a rule's tiers / globs. 0 or -1. */
 int px_parse_tiers(const char *v, retry_rule *r);
 int px_parse_globs(const char *v, retry_rule *r);
+/* "initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4" (keys left out
+ * keep the defaults) or "off" into `b`. 0 or -1; ranges are checked by
+ * retry_rule_compile(). */
+int px_parse_backoff(const char *v, retry_backoff *b);
 /* "8MiB", "512KiB", "1GiB", "1048576" into bytes. 0 or -1. */
 int px_parse_size(const char *v, uint64_t *out);
 

@@ -9,6 +9,8 @@
  *         tiers: [1s, 2s, 4s]
  *         max_attempts: 4
  *         dead_letter: "{queue}.dlq"
+ *       - queues: ["mail.*"]
+ *         backoff: {initial: 1s, multiplier: 2, max: 10m, jitter: 0.2}
  *
  * Top-level keys are the options' file keys (px_config.h). Anything
  * unknown or malformed is refused with "FILE:LINE: reason".
@@ -21,6 +23,7 @@
 #include <yaml.h>
 
 #include "px_config.h"
+#include "retry_policy.h"
 
 typedef struct loader {
   yaml_document_t doc;
@@ -75,9 +78,66 @@ static int joined(loader *l, yaml_node_t *n, char *out, size_t cap) {
   return 0;
 }
 
+/* One key of a policy's backoff mapping into `b`: 0, or -1 (failed). */
+static int backoff_key(loader *l, const char *key, yaml_node_t *v,
+                       retry_backoff *b) {
+  const char *s = scalar(v);
+  char *end = NULL;
+  if (s && (strcmp(key, "initial") == 0 || strcmp(key, "max") == 0)) {
+    uint32_t *ms = key[0] == 'i' ? &b->initial_ms : &b->max_ms;
+    if (retry_delay_parse(s, strlen(s), ms) == 0)
+      return 0;
+    return fail(l, v,
+                "backoff: %s '%s': expected a delay like 500ms, 1s, "
+                "2m, 1h (at most 24h)",
+                key, s);
+  }
+  if (s && strcmp(key, "multiplier") == 0) {
+    b->multiplier = strtod(s, &end);
+    return *s && !*end ? 0
+                       : fail(l, v,
+                              "backoff: multiplier '%s': expected "
+                              "a number 1..100",
+                              s);
+  }
+  if (s && strcmp(key, "jitter") == 0) {
+    b->jitter = strtod(s, &end);
+    return *s && !*end ? 0
+                       : fail(l, v,
+                              "backoff: jitter '%s': expected a "
+                              "fraction 0..0.5",
+                              s);
+  }
+  if (s && strcmp(key, "buckets") == 0) {
+    long n = strtol(s, &end, 10);
+    b->buckets = *s && !*end && n >= 0 && n <= 1000 ? (unsigned)n : 1000;
+    return 0; /* its range is checked with the rest */
+  }
+  return fail(l, v,
+              "backoff: unknown key '%s' or not a value (initial, "
+              "multiplier, max, jitter, buckets)",
+              key);
+}
+
+static int load_backoff(loader *l, yaml_node_t *n, retry_rule *r) {
+  if (n->type != YAML_MAPPING_NODE)
+    return fail(l, n,
+                "backoff: expected a mapping (initial, multiplier, "
+                "max, jitter, buckets)");
+  retry_backoff_default(&r->backoff);
+  for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+       p < n->data.mapping.pairs.top; p++) {
+    const char *key = scalar(yaml_document_get_node(&l->doc, p->key));
+    if (backoff_key(l, key ? key : "?",
+                    yaml_document_get_node(&l->doc, p->value), &r->backoff))
+      return -1;
+  }
+  return 0;
+}
+
 static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
-  char buf[4096];
-  bool has_queues = false;
+  char buf[4096], why[256];
+  bool has_queues = false, has_tiers = false;
   if (n->type != YAML_MAPPING_NODE)
     return fail(l, n, "a policy is a mapping (queues, tiers, ...)");
   retry_rule_default(r);
@@ -99,6 +159,10 @@ static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
                     "tiers: expected up to %d delays like 500ms, 1s, 2m, 1h "
                     "(each at most 24h)",
                     RETRY_MAX_TIERS);
+      has_tiers = true;
+    } else if (strcmp(key, "backoff") == 0) {
+      if (load_backoff(l, v, r))
+        return -1;
     } else if (strcmp(key, "max_attempts") == 0) {
       const char *s = scalar(v);
       char *end;
@@ -117,13 +181,17 @@ static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
         return fail(l, v, "queue_type: expected auto, quorum or classic");
     } else {
       return fail(l, k,
-                  "unknown policy key '%s' (queues, tiers, "
+                  "unknown policy key '%s' (queues, tiers, backoff, "
                   "max_attempts, dead_letter, queue_type)",
                   key);
     }
   }
   if (!has_queues)
     return fail(l, n, "a policy needs 'queues'");
+  if (has_tiers && r->backoff.initial_ms)
+    return fail(l, n, "a policy has either 'tiers' or 'backoff', not both");
+  if (retry_rule_compile(r, why, sizeof why) != 0)
+    return fail(l, n, "%s", why);
   return 0;
 }
 

@@ -626,6 +626,18 @@ static void unpark_to_defers(px_session *s) {
   px_ring_free(&todo);
 }
 
+/* A random value for a backoff's jitter bucket: xorshift64*, seeded from
+ * the clock once (spreading retries needs no more than that). */
+static uint32_t jitter_draw(void) {
+  static uint64_t x;
+  if (!x)
+    x = uv_hrtime() | 1;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  return (uint32_t)((x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
  * its way (the delivery is then RETRYING), else why not. */
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
@@ -641,7 +653,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
       AMQP_OK)
     return "content header does not decode";
-  retry_decide(rule, q, strlen(q), count_header(s, &h), &plan);
+  retry_decide(rule, q, strlen(q), count_header(s, &h), jitter_draw(), &plan);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
@@ -702,7 +714,7 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
   if (d->content && amqp_content_header_decode(
                         (amqp_bytes){d->content, d->header_len}, &h) == AMQP_OK)
     count = count_header(s, &h);
-  return rule->tiers_ms[retry_tier_for(rule, count)];
+  return rule->tiers_ms[retry_tier_for(rule, count, jitter_draw())];
 }
 
 static void arm_defer_timer(px_session *s) {

@@ -30,9 +30,25 @@ static void json_addr(px_admin_response *r, const px_addr *a) {
   json_string(r, px_addr_format(a, buf, sizeof buf));
 }
 
+static void json_delay(px_admin_response *r, uint32_t ms) {
+  char d[16];
+  if (retry_delay_format(ms, d, sizeof d) < 0)
+    snprintf(d, sizeof d, "%ums", (unsigned)ms);
+  json_string(r, d);
+}
+
+/* The backoff a policy was written with (its tiers are listed beside). */
+static void status_backoff(px_admin_response *r, const retry_backoff *b) {
+  px_admin_printf(r, ",\"backoff\":{\"initial\":");
+  json_delay(r, b->initial_ms);
+  px_admin_printf(r, ",\"max\":");
+  json_delay(r, b->max_ms);
+  px_admin_printf(r, ",\"multiplier\":%g,\"jitter\":%g,\"buckets\":%u}",
+                  b->multiplier, b->jitter, b->buckets);
+}
+
 static void status_config(px_server *srv, px_admin_response *r) {
   const px_config *c = srv->cfg;
-  char d[16];
   px_admin_printf(r, "\"config\":{\"listen\":");
   json_addr(r, &c->listen);
   px_admin_printf(r, ",\"upstreams\":[");
@@ -66,12 +82,13 @@ static void status_config(px_server *srv, px_admin_response *r) {
     }
     px_admin_printf(r, "],\"tiers\":[");
     for (unsigned t = 0; t < rule->ntiers; t++) {
-      if (retry_delay_format(rule->tiers_ms[t], d, sizeof d) < 0)
-        snprintf(d, sizeof d, "%ums", (unsigned)rule->tiers_ms[t]);
       px_admin_printf(r, "%s", t ? "," : "");
-      json_string(r, d);
+      json_delay(r, rule->tiers_ms[t]);
     }
-    px_admin_printf(r, "],\"max_attempts\":%u,\"dead_letter\":",
+    px_admin_printf(r, "]");
+    if (rule->backoff.initial_ms)
+      status_backoff(r, &rule->backoff);
+    px_admin_printf(r, ",\"max_attempts\":%u,\"dead_letter\":",
                     (unsigned)rule->max_attempts);
     json_string(r, rule->dead_letter);
     px_admin_printf(r, ",\"queue_type\":\"%s\"}",

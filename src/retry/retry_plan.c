@@ -48,6 +48,81 @@ void retry_rule_default(retry_rule *r) {
   strcpy(r->dead_letter, "{queue}.dlq");
 }
 
+void retry_backoff_default(retry_backoff *b) {
+  memset(b, 0, sizeof *b); /* padding too: configs compare bytewise */
+  b->initial_ms = 1000;
+  b->max_ms = 600000;
+  b->multiplier = 2;
+  b->jitter = 0.2;
+  b->buckets = 4;
+}
+
+#define RETRY_DELAY_MAX_MS (24u * 3600 * 1000) /* as retry_delay_parse */
+
+static int bad(char *err, size_t cap, const char *fmt, double v) {
+  snprintf(err, cap, fmt, v);
+  return -1;
+}
+
+static int check_backoff(const retry_backoff *b, char *err, size_t cap) {
+  if (b->initial_ms == 0 || b->max_ms < b->initial_ms)
+    return bad(err, cap,
+               "backoff: max (%.0fms) must be at least initial, both "
+               "delays like 500ms, 1s, 2m",
+               b->max_ms);
+  if (!(b->multiplier >= 1 && b->multiplier <= 100))
+    return bad(err, cap, "backoff: multiplier %g: expected a number 1..100",
+               b->multiplier);
+  if (!(b->jitter >= 0 && b->jitter <= 0.5))
+    return bad(err, cap, "backoff: jitter %g: expected a fraction 0..0.5",
+               b->jitter);
+  if (b->buckets < 1 || b->buckets > RETRY_MAX_BUCKETS)
+    return bad(err, cap, "backoff: buckets %.0f: expected a whole number 1..8",
+               b->buckets);
+  if ((double)b->max_ms * (1 + b->jitter) > RETRY_DELAY_MAX_MS)
+    return bad(err, cap, "backoff: max %.0fms plus jitter exceeds 24h",
+               b->max_ms);
+  return 0;
+}
+
+/* Bucket b of B spreads `base` over [base(1-j), base(1+j)]: the centres
+ * of B equal slices. */
+static uint32_t bucket_delay(double base, double jitter, unsigned b,
+                             unsigned buckets) {
+  double f = (2.0 * b + 1) / buckets - 1;
+  double ms = base * (1 + jitter * f) + 0.5;
+  return ms < 1 ? 1 : (uint32_t)ms;
+}
+
+int retry_rule_compile(retry_rule *r, char *err, size_t cap) {
+  const retry_backoff *b = &r->backoff;
+  if (!b->initial_ms)
+    return 0;
+  if (check_backoff(b, err, cap) != 0)
+    return -1;
+  unsigned most = r->max_attempts > 1 ? r->max_attempts - 1 : 1;
+  unsigned levels = 0;
+  double base = b->initial_ms;
+  r->ntiers = 0;
+  r->nbuckets = b->buckets;
+  for (;;) {
+    if (base > b->max_ms)
+      base = b->max_ms;
+    if (r->ntiers + b->buckets > RETRY_MAX_TIERS)
+      return bad(err, cap,
+                 "backoff: more than %.0f tier queues before max is reached "
+                 "(raise multiplier or initial, lower buckets or "
+                 "max_attempts)",
+                 RETRY_MAX_TIERS);
+    for (unsigned i = 0; i < b->buckets; i++)
+      r->tiers_ms[r->ntiers++] = bucket_delay(base, b->jitter, i, b->buckets);
+    levels++;
+    if (base >= b->max_ms || levels >= most || b->multiplier == 1)
+      return 0;
+    base *= b->multiplier;
+  }
+}
+
 const retry_rule *retry_match(const retry_policy *p, const char *queue,
                               size_t len) {
   for (unsigned i = 0; i < p->nrules; i++)
@@ -143,9 +218,17 @@ int retry_header_name(const retry_policy *p, const char *suffix, char *out,
   return (n < 0 || (size_t)n >= cap || n > RETRY_NAME_MAX) ? -1 : n;
 }
 
-unsigned retry_tier_for(const retry_rule *rule, int64_t count) {
+unsigned retry_levels(const retry_rule *r) {
+  return r->nbuckets > 1 ? r->ntiers / r->nbuckets : r->ntiers;
+}
+
+unsigned retry_tier_for(const retry_rule *rule, int64_t count, uint32_t draw) {
   uint64_t k = count > 0 ? (uint64_t)count + 1 : 1;
-  return (unsigned)((k < rule->ntiers ? k : rule->ntiers) - 1);
+  unsigned levels = retry_levels(rule);
+  unsigned level = (unsigned)((k < levels ? k : levels) - 1);
+  if (rule->nbuckets <= 1)
+    return level;
+  return level * rule->nbuckets + draw % rule->nbuckets;
 }
 
 static void pass(retry_plan *plan, retry_pass_reason why) {
@@ -154,7 +237,7 @@ static void pass(retry_plan *plan, retry_pass_reason why) {
 }
 
 void retry_decide(const retry_rule *rule, const char *queue, size_t len,
-                  int64_t count, retry_plan *plan) {
+                  int64_t count, uint32_t draw, retry_plan *plan) {
   memset(plan, 0, sizeof *plan);
   if (!rule) {
     pass(plan, RETRY_PASS_NO_POLICY);
@@ -177,7 +260,7 @@ void retry_decide(const retry_rule *rule, const char *queue, size_t len,
     n = retry_dlq_name(rule, queue, len, plan->target, sizeof plan->target);
   } else {
     plan->action = RETRY_REPUBLISH;
-    plan->tier = retry_tier_for(rule, count);
+    plan->tier = retry_tier_for(rule, count, draw);
     plan->delay_ms = rule->tiers_ms[plan->tier];
     n = retry_tier_name(rule, plan->tier, queue, len, plan->target,
                         sizeof plan->target);

@@ -11,6 +11,15 @@
  * k < max_attempts, goes to tier min(k, ntiers) with count k; when
  * k >= max_attempts, to the dead-letter queue. A poison message is thus
  * delivered exactly max_attempts times.
+ *
+ * A rule written as a backoff (initial, multiplier, max, jitter, buckets)
+ * is compiled into the same table of tiers: level L (0-based) has the
+ * base delay min(max, initial * multiplier^L), and each level has
+ * `buckets` tiers whose delays spread the base by +-jitter (bucket b of B:
+ * base * (1 + jitter * ((2b + 1) / B - 1))). Levels stop at the first
+ * that reaches max, or at max_attempts - 1, whichever comes first; tier
+ * index = level * buckets + bucket, the bucket drawn by the caller. Every
+ * delay stays a queue-level TTL: a tier's messages all share one.
  */
 #ifndef RETRY_PLAN_H
 #define RETRY_PLAN_H
@@ -19,7 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RETRY_MAX_TIERS 16
+#define RETRY_MAX_TIERS 64 /* tier queues per source queue */
+#define RETRY_MAX_BUCKETS 8
 #define RETRY_MAX_GLOBS 16
 #define RETRY_NAME_MAX 255 /* AMQP shortstr, and the broker's limit */
 
@@ -41,11 +51,23 @@ const char *retry_queue_type_str(retry_queue_type t);
  * at-least-once) or cannot. */
 bool retry_use_quorum(retry_queue_type t, bool broker_quorum_dlx);
 
+/* Exponential backoff with jitter; initial_ms 0: the rule has a fixed
+ * list of tiers instead. */
+typedef struct retry_backoff {
+  uint32_t initial_ms;
+  uint32_t max_ms;
+  double multiplier; /* 1 .. 100 */
+  double jitter;     /* 0 .. 0.5: each delay is base * (1 +- jitter) */
+  unsigned buckets;  /* 1 .. RETRY_MAX_BUCKETS tiers per level */
+} retry_backoff;
+
 typedef struct retry_rule {
   char globs[RETRY_MAX_GLOBS][RETRY_NAME_MAX + 1];
   unsigned nglobs;
   uint32_t tiers_ms[RETRY_MAX_TIERS];
   unsigned ntiers;
+  unsigned nbuckets; /* tiers per level: 0 or 1 for a fixed list */
+  retry_backoff backoff;
   uint32_t max_attempts;
   char dead_letter[RETRY_NAME_MAX + 1]; /* "{queue}" is replaced */
   retry_queue_type queue_type;
@@ -60,6 +82,18 @@ typedef struct retry_policy {
 /* A rule with the defaults (README, "Retries"): every queue, tiers 1s/2s/4s,
  * max_attempts 4, dead letter "{queue}.dlq". */
 void retry_rule_default(retry_rule *r);
+
+/* A backoff with the defaults of the README ("Backoff"): initial 1s,
+ * multiplier 2, max 10m, jitter 0.2, 4 buckets. */
+void retry_backoff_default(retry_backoff *b);
+
+/* Fill a backoff rule's tiers (nothing to do for a fixed list). Call after
+ * max_attempts is final. 0, or -1 with the reason in err (which names the
+ * value and the expected form). */
+int retry_rule_compile(retry_rule *r, char *err, size_t cap);
+
+/* Levels of a rule: distinct base delays (its tiers for a fixed list). */
+unsigned retry_levels(const retry_rule *r);
 
 /* The first rule whose globs match `queue` (len bytes), or NULL. */
 const retry_rule *retry_match(const retry_policy *p, const char *queue,
@@ -99,14 +133,16 @@ typedef struct retry_plan {
 } retry_plan;
 
 /* The tier the failure of a delivery carrying `count` goes to (-1 or any
- * invalid count: the first), for a rule with at least one tier. */
-unsigned retry_tier_for(const retry_rule *rule, int64_t count);
+ * invalid count: the first level), for a rule with at least one tier;
+ * `draw` (any 32-bit random value) picks the bucket within the level. */
+unsigned retry_tier_for(const retry_rule *rule, int64_t count, uint32_t draw);
 
 /* Decide for one failed delivery. `rule` may be NULL (no policy).
  * `count` is the retry count header's value, or -1 when absent; any other
- * negative value is invalid. Always fills `*plan`. */
+ * negative value is invalid. `draw` is a random value for the jitter
+ * bucket (unused by fixed tiers). Always fills `*plan`. */
 void retry_decide(const retry_rule *rule, const char *queue, size_t len,
-                  int64_t count, retry_plan *plan);
+                  int64_t count, uint32_t draw, retry_plan *plan);
 
 /* "Q.retry.<delay>" for tier i of `rule` into out (cap >= 256). A name
  * that would exceed 255 bytes (the broker's limit) is shortened

@@ -53,6 +53,15 @@ static void check_rule(const retry_rule *r) {
   for (unsigned t = 0; t < r->ntiers; t++)
     check(r->tiers_ms[t] >= 1 && r->tiers_ms[t] <= DELAY_MAX_MS);
   check(r->max_attempts >= 1 && r->max_attempts <= 1000000);
+  if (r->backoff.initial_ms) { /* levels of buckets within the jitter */
+    const retry_backoff *b = &r->backoff;
+    check(r->nbuckets == b->buckets && b->buckets >= 1 &&
+          b->buckets <= RETRY_MAX_BUCKETS && r->ntiers % b->buckets == 0);
+    check(retry_levels(r) <= (r->max_attempts > 1 ? r->max_attempts - 1 : 1));
+    for (unsigned t = 0; t < r->ntiers; t++)
+      check(r->tiers_ms[t] + 1 >= b->initial_ms * (1 - b->jitter) &&
+            r->tiers_ms[t] <= b->max_ms * (1 + b->jitter) + 1);
+  }
   check(terminated(r->dead_letter, sizeof r->dead_letter) && r->dead_letter[0]);
 }
 
@@ -64,7 +73,7 @@ static void check_policy(const px_config *c, const uint8_t *data, size_t size) {
   check(!r || (r >= c->rules && r < c->rules + c->retry.nrules));
   for (int64_t count = -1; count < 3; count++) {
     retry_plan plan;
-    retry_decide(r, queue, len, count, &plan);
+    retry_decide(r, queue, len, count, (uint32_t)count, &plan);
     check(plan.action == RETRY_PASS || plan.target_len <= RETRY_NAME_MAX);
   }
   char name[RETRY_NAME_MAX + 1];

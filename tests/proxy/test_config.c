@@ -222,6 +222,96 @@ static void test_bad_files(void **state) {
   assert_non_null(strstr(err, "/nonexistent/rebound.yaml: cannot open"));
 }
 
+/* A policy's backoff in the file: compiled into levels of jitter buckets
+ * (README, "Backoff"), defaults for the keys left out; --max-attempts
+ * given as a flag recompiles the levels; --retry-tiers replaces the
+ * backoff with its list. */
+static void test_backoff_policy(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  const char *p = write_file("retry:\n  policies:\n"
+                             "    - queues: [mail.*]\n"
+                             "      max_attempts: 5\n"
+                             "      backoff: {initial: 200ms, max: 800ms, "
+                             "jitter: 0.25}\n");
+  char *argv[] = {"rebound", "--config", (char *)p, NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  const retry_rule *r = &c.rules[0];
+  assert_int_equal(r->backoff.initial_ms, 200);
+  assert_int_equal(r->backoff.max_ms, 800);
+  assert_true(r->backoff.multiplier == 2 && r->backoff.jitter == 0.25);
+  assert_int_equal(r->nbuckets, 4);
+  assert_int_equal(retry_levels(r), 3); /* 200ms 400ms 800ms */
+  assert_int_equal(r->tiers_ms[0], 163);
+  assert_int_equal(r->tiers_ms[11], 950);
+  char *argv2[] = {"rebound",        "--config", (char *)p,
+                   "--max-attempts", "2",        NULL};
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_OK);
+  assert_int_equal(retry_levels(&c.rules[0]), 1);
+  char *argv3[] = {"rebound",       "--config", (char *)p,
+                   "--retry-tiers", "3s",       NULL};
+  assert_int_equal(load(&c, argv3, err), PX_CONFIG_OK);
+  assert_int_equal(c.rules[0].ntiers, 1);
+  assert_int_equal(c.rules[0].nbuckets, 0);
+  assert_int_equal(c.rules[0].tiers_ms[0], 3000);
+  /* --retry-backoff off: back to the default list */
+  char *argv4[] = {"rebound",         "--config", (char *)p,
+                   "--retry-backoff", "off",      NULL};
+  assert_int_equal(load(&c, argv4, err), PX_CONFIG_OK);
+  assert_int_equal(c.rules[0].ntiers, 3);
+  assert_int_equal(c.rules[0].tiers_ms[2], 4000);
+  assert_int_equal(c.rules[0].nbuckets, 0);
+  unlink(p);
+  /* from the environment, keys left out at their defaults */
+  char *argv5[] = {"rebound", NULL};
+  fake_env[0][0] = "REBOUND_RETRY_BACKOFF";
+  fake_env[0][1] = "initial=500ms,jitter=0.1,buckets=2";
+  assert_int_equal(load(&c, argv5, err), PX_CONFIG_OK);
+  assert_int_equal(c.rules[0].nbuckets, 2);
+  assert_int_equal(retry_levels(&c.rules[0]), 3); /* max_attempts 4 */
+  assert_int_equal(c.rules[0].tiers_ms[0], 475);
+  assert_int_equal(c.rules[0].tiers_ms[5], 2100); /* 2s * 1.05 */
+  memset(fake_env, 0, sizeof fake_env);
+  char *argv6[] = {"rebound", "--retry-backoff", "initial=1s,speed=2", NULL};
+  assert_int_equal(load(&c, argv6, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--retry-backoff: invalid value "
+                           "'initial=1s,speed=2' (expected off or "
+                           "'initial=1s,multiplier=2,max=10m,jitter=0.2,"
+                           "buckets=4' (any of them))");
+  char *argv7[] = {"rebound", "--retry-backoff", "jitter=0.9", NULL};
+  assert_int_equal(load(&c, argv7, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "backoff: jitter 0.9: expected a fraction 0..0.5");
+  char *argv8[] = {
+      "rebound", "--retry-backoff", "max=1m", "--retry-tiers", "1s", NULL};
+  assert_int_equal(load(&c, argv8, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--retry-tiers and --retry-backoff: give one");
+}
+
+static void test_backoff_refused(void **state) {
+  (void)state;
+  const char *head = "retry:\n  policies:\n    - queues: [a]\n";
+  static const char *const cases[][2] = {
+      {"      backoff: {jitter: 0.7}\n",
+       "3: backoff: jitter 0.7: expected a fraction 0..0.5"},
+      {"      backoff: {multiplier: fast}\n",
+       "4: backoff: multiplier 'fast': expected a number 1..100"},
+      {"      backoff: {initial: 1}\n",
+       "4: backoff: initial '1': expected a delay like 500ms"},
+      {"      backoff: {buckets: 12}\n", "3: backoff: buckets 12"},
+      {"      backoff: {color: red}\n", "4: backoff: unknown key 'color'"},
+      {"      backoff: 1s\n", "4: backoff: expected a mapping"},
+      {"      tiers: [1s]\n      backoff: {}\n",
+       "3: a policy has either 'tiers' or 'backoff', not both"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char yaml[256];
+    snprintf(yaml, sizeof yaml, "%s%s", head, cases[i][0]);
+    expect_file_error(yaml, cases[i][1]);
+  }
+}
+
 static void test_bad_flags_and_env(void **state) {
   (void)state;
   static px_config c;
@@ -411,6 +501,8 @@ int main(void) {
       cmocka_unit_test(test_retry_flags_override),
       cmocka_unit_test(test_queue_type_and_retry_connection),
       cmocka_unit_test(test_bad_files),
+      cmocka_unit_test(test_backoff_policy),
+      cmocka_unit_test(test_backoff_refused),
       cmocka_unit_test(test_bad_flags_and_env),
       cmocka_unit_test(test_upstream_urls_and_tls),
       cmocka_unit_test(test_confirm_timeout_and_max_connections),
