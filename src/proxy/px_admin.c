@@ -168,6 +168,19 @@ static bool is_token(const char *s) {
   return true;
 }
 
+int px_admin_json_string(px_admin_response *resp, const char *s) {
+  px_admin_append(resp, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      px_admin_printf(resp, "\\%c", *p);
+    else if (*p < 0x20)
+      px_admin_printf(resp, "\\u%04x", *p);
+    else
+      px_admin_append(resp, p, 1);
+  }
+  return px_admin_append(resp, "\"", 1);
+}
+
 int px_admin_header(px_admin_response *r, const char *name, const char *value) {
   size_t room = sizeof r->headers - r->headers_len;
   if (r->failed || !is_token(name) || strpbrk(value, "\r\n"))

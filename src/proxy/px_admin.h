@@ -119,6 +119,10 @@ int px_admin_append(px_admin_response *resp, const void *data, size_t len);
 int px_admin_printf(px_admin_response *resp, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Append `s` as a JSON string (quoted; '"', '\\' and control bytes
+ * escaped). Returns 0, or -1 (`failed`). */
+int px_admin_json_string(px_admin_response *resp, const char *s);
+
 /* Add a response header, e.g. ("Allow", "GET, HEAD"). `name` must be an
  * HTTP token and `value` free of CR, LF and NUL; the module's own headers
  * (Content-Type, Content-Length, Transfer-Encoding, Connection) are not to

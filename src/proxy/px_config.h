@@ -50,6 +50,7 @@ typedef struct px_config {
   uint32_t connect_timeout_ms;
   uint32_t retry_finish_timeout_ms;
   uint32_t retry_confirm_timeout_ms;
+  uint32_t policy_check_after_ms;
   uint32_t max_connections; /* 0: auto, what the fd limit allows */
   uint64_t cache_per_connection;
   uint64_t cache_total;
@@ -140,6 +141,11 @@ typedef struct px_config {
     "REBOUND_RETRY_CONFIRM_TIMEOUT", "retry_confirm_timeout", DURATION, "30s", \
     "a copy the broker has not confirmed by then falls back (the original "    \
     "is requeued) and frames held behind it go on")                            \
+  X(policy_check_after_ms, "policy-check-after", "REBOUND_POLICY_CHECK_AFTER", \
+    "policy_check_after", DURATION, "5m",                                      \
+    "after start (or a reload), log once each policy that matched no queue "   \
+    "and each queue whose policy cannot act (no-ack, every requeue fell "      \
+    "back)")                                                                   \
   X(cache_per_connection, "cache-per-connection",                              \
     "REBOUND_CACHE_PER_CONNECTION", "cache_per_connection", SIZE, "8MiB",      \
     "deliveries kept for retry, per connection (over it: pass-through)")       \

@@ -18,33 +18,22 @@ const px_counter_family px_counter_families[] = {
 #undef PX__FAMILY
 };
 
-/* The label slot of queue `q`: 0..PX_METRICS_MAX_QUEUES-1 for the first
- * distinct names, PX_METRICS_MAX_QUEUES ("other") after (or when out of
- * memory). A queue literally named "other" gets a slot like any other. */
-static int queue_slot(px_metrics_store *m, const char *q) {
-  for (uint32_t i = 0; i < m->nqueues; i++)
-    if (strcmp(m->queues[i], q) == 0)
-      return (int)i;
-  if (m->nqueues == PX_METRICS_MAX_QUEUES)
-    return PX_METRICS_MAX_QUEUES;
-  if (m->nqueues % 16 == 0) {
-    char(*qs)[256] = realloc(m->queues, (m->nqueues + 16) * sizeof *qs);
-    if (!qs)
-      return PX_METRICS_MAX_QUEUES;
-    m->queues = qs;
-  }
-  snprintf(m->queues[m->nqueues], sizeof m->queues[0], "%s", q);
-  return (int)m->nqueues++;
+static int queue_slot(px_server *srv, const char *q) {
+  return px_queues_slot(&srv->metrics.queues, q, uv_now(srv->loop));
 }
 
-static const char *slot_label(const px_metrics_store *m, int slot) {
-  return slot >= 0 && (uint32_t)slot < m->nqueues ? m->queues[slot] : "other";
+/* Queues past the first PX_METRICS_MAX_QUEUES share the label "other". */
+static const char *slot_label(px_server *srv, int slot) {
+  px_queues *qs = &srv->metrics.queues;
+  return slot >= 0 && slot < PX_METRICS_MAX_QUEUES && (uint32_t)slot < qs->n
+             ? qs->q[slot].name
+             : "other";
 }
 
 void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
   px_metrics_store *m = &srv->metrics;
   if (px_counter_families[id].queue_label)
-    v1 = slot_label(m, queue_slot(m, v1));
+    v1 = slot_label(srv, queue_slot(srv, v1));
   if (!px_counter_families[id].l2)
     v2 = "";
   for (uint32_t i = 0; i < m->n; i++) {
@@ -70,11 +59,15 @@ void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
 }
 
 int px_metrics_queue(px_server *srv, const char *queue) {
-  return queue_slot(&srv->metrics, queue);
+  return queue_slot(srv, queue);
 }
 
-const char *px_metrics_queue_label(const px_server *srv, int slot) {
-  return slot_label(&srv->metrics, slot);
+const char *px_metrics_queue_label(px_server *srv, int slot) {
+  return slot_label(srv, slot);
+}
+
+void px_queue_count(px_server *srv, int qid, int what) {
+  px_queues_count(&srv->metrics.queues, qid, what, uv_now(srv->loop));
 }
 
 static void hist_add(px_hist *h, uint64_t us) {
@@ -92,7 +85,9 @@ void px_metrics_observe(px_server *srv, int hist, int qid, uint64_t us) {
   } else if (hist == PX_H_CONFIRM) {
     hist_add(&m->confirm, us);
   } else {
-    if (qid < 0 || qid > PX_METRICS_MAX_QUEUES ||
+    if (qid > PX_METRICS_MAX_QUEUES)
+      qid = PX_METRICS_MAX_QUEUES; /* "other" */
+    if (qid < 0 ||
         (!m->processing &&
          !(m->processing = calloc(PX_METRICS_MAX_QUEUES + 1, sizeof(px_hist)))))
       return;
@@ -103,6 +98,6 @@ void px_metrics_observe(px_server *srv, int hist, int qid, uint64_t us) {
 void px_metrics_free(px_server *srv) {
   free(srv->metrics.processing);
   free(srv->metrics.counters);
-  free(srv->metrics.queues);
+  px_queues_free(&srv->metrics.queues);
   memset(&srv->metrics, 0, sizeof srv->metrics);
 }

@@ -54,16 +54,20 @@ void px_metrics_inc(struct px_server *srv, int id, const char *v1,
 
 enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
 
-/* The label slot of a queue for per-queue histograms: 0..99, or
- * PX_METRICS_MAX_QUEUES ("other"). Stable for the process's life. A slot
- * is taken for good, so call this only for a queue the broker has shown to
- * exist (a consume-ok, a delivery, a get-ok), never for a name a client
- * merely sent. */
+/* The slot of a queue (px_queues.h): its entry in /v1/queues and, for the
+ * first PX_METRICS_MAX_QUEUES, its metrics label (the rest are "other").
+ * Stable for the process's life. A slot is taken for good, so call this
+ * only for a queue the broker has shown to exist (a consume-ok, a
+ * delivery, a get-ok), never for a name a client merely sent. */
 int px_metrics_queue(struct px_server *srv, const char *queue);
 
+/* Count one event of px_queues.h's PX_QUEUE_COUNTS for a queue slot (a
+ * negative slot: not registered, nothing counted). */
+void px_queue_count(struct px_server *srv, int qid, int what);
+
 /* Record one observation, in microseconds. `qid` (from px_metrics_queue)
- * only for PX_H_PROCESSING; an observation for a slot out of range (-1: not
- * registered) is dropped. */
+ * only for PX_H_PROCESSING: slots past the labelled ones count as "other";
+ * -1 (not registered) is dropped. */
 void px_metrics_observe(struct px_server *srv, int hist, int qid, uint64_t us);
 
 /* The families of PX_LABELLED, by id, for rendering. */
@@ -77,7 +81,7 @@ extern const px_counter_family px_counter_families[];
 extern const uint64_t px_hist_bucket_us[];
 
 /* The label value of a queue slot (px_metrics_queue()). */
-const char *px_metrics_queue_label(const struct px_server *srv, int slot);
+const char *px_metrics_queue_label(struct px_server *srv, int slot);
 
 /* Free the labelled counters (at exit). */
 void px_metrics_free(struct px_server *srv);

@@ -830,6 +830,8 @@ static void defer_fire(px_session *s, const px_defer *f) {
                    f->tag, true))
     return;
   px_metrics_inc(s->srv, PX_M_DELAYED, f->why, NULL);
+  if (d)
+    px_queue_count(s->srv, d->qid, PX_QC_REQUEUED);
   px_track_settle(s, c, f->tag, false);
   if (c->track.defers_pending && --c->track.defers_pending == 0 &&
       c->track.retries_pending == 0)
@@ -865,6 +867,17 @@ void px_retry_defer_due(uv_timer_t *timer) {
   s->hooks->flush(s);
 }
 
+/* The client's requeue of deliveries [from, to) goes to the broker as
+ * it is: counted per queue. */
+static void count_requeued(px_session *s, px_chan *c, uint32_t from,
+                           uint32_t to) {
+  for (uint32_t i = from; i < to; i++) {
+    const px_delivery *d = px_dl_at(&c->track, i);
+    if (d->state != PX_DL_GONE)
+      px_queue_count(s->srv, d->qid, PX_QC_REQUEUED);
+  }
+}
+
 /* Requeue `d` now (no policy, or it cannot be held back) or after its
  * delay. */
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
@@ -877,6 +890,7 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
   if (!emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
                    d->tag, true))
     return;
+  px_queue_count(s->srv, d->qid, PX_QC_REQUEUED);
   px_track_forget(s, c, d);
 }
 
@@ -940,6 +954,7 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     if (any)
       px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "channel not open or untracked",
                      NULL);
+    count_requeued(s, c, from, to);
     px_track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
@@ -993,6 +1008,7 @@ int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
   for (uint32_t i = from; i < to && !any; i++)
     any = px_dl_at(&c->track, i)->rule != NULL;
   if (!any || (multiple && c->track.lost) || c->state != PX_CH_OPEN) {
+    count_requeued(s, c, from, to);
     px_track_settle(s, c, tag, multiple);
     return PX_FORWARD;
   }
@@ -1036,6 +1052,9 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
     if (!emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false))
       return;
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
+    const px_delivery *d = px_track_find(c, op->tag);
+    px_queue_count(s->srv, d ? d->qid : px_metrics_queue(s->srv, op->queue),
+                   op->dead_letter ? PX_QC_DEAD_LETTERED : PX_QC_RETRIED);
     if (op->dead_letter) {
       px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
       px_debug("dead_lettered", PX_U("id", s->id),

@@ -25,6 +25,7 @@
 #include "px_metrics.h"
 #include "px_session.h"
 #include "px_tls.h"
+#include "px_view.h"
 
 #define PX_PROBE_INTERVAL_MS 2000
 /* File descriptors a client connection takes: its socket and its
@@ -227,17 +228,25 @@ static void on_probe_timer(uv_timer_t *t) {
                srv->tls_upstream, probe_result, srv);
 }
 
+static void on_janitor(uv_timer_t *t) {
+  px_server *srv = t->data;
+  if (!srv->draining && !srv->stopped)
+    px_view_check(srv);
+}
+
 /* ---- admin endpoint ------------------------------------------------------ */
 
 static void route(void *ctx, const char *method, const char *path,
                   px_admin_response *r) {
   px_server *srv = ctx;
   bool known = strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
-               strcmp(path, "/metrics") == 0 || strcmp(path, "/v1/status") == 0;
+               strcmp(path, "/metrics") == 0 ||
+               strcmp(path, "/v1/status") == 0 ||
+               strcmp(path, "/v1/queues") == 0;
   if (!known) {
     r->status = 404;
-    px_admin_printf(r,
-                    "not found: try /healthz, /readyz, /metrics, /v1/status\n");
+    px_admin_printf(r, "not found: try /healthz, /readyz, /metrics, "
+                       "/v1/status, /v1/queues\n");
     return;
   }
   if (strcmp(method, "GET") != 0) {
@@ -264,6 +273,8 @@ static void route(void *ctx, const char *method, const char *path,
     }
   } else if (strcmp(path, "/v1/status") == 0) {
     px_status_render(srv, r);
+  } else if (strcmp(path, "/v1/queues") == 0) {
+    px_view_queues_render(srv, r);
   } else {
     px_metrics_render(srv, r);
   }
@@ -288,6 +299,7 @@ void px_server_stop(px_server *srv) {
   close_listener(&srv->tls_listener);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   uv_close((uv_handle_t *)&srv->probe_timer, NULL);
+  uv_close((uv_handle_t *)&srv->janitor_timer, NULL);
   px_probe_stop(&srv->probe);
   if (srv->admin_on) {
     srv->admin_on = false;
@@ -456,6 +468,16 @@ static void reload_tls(px_server *srv, const px_config *next) {
 /* SIGHUP: read the config again. New policy for new decisions (copies in
  * flight finish as they are), new listener, upstreams and connection cap
  * for new connections; an invalid config keeps the old one. */
+/* The running policies begin now: none has matched a queue yet, nothing
+ * of theirs is logged. */
+static void new_policies(px_server *srv) {
+  px_queues *qs = &srv->metrics.queues;
+  srv->cfg_since_ms = uv_now(srv->loop);
+  memset(srv->policy_logged, 0, sizeof srv->policy_logged);
+  for (uint32_t i = 0; i < qs->n; i++)
+    qs->q[i].logged = 0;
+}
+
 static void reload(px_server *srv) {
   char err[512];
   px_config *next = malloc(sizeof *next);
@@ -495,6 +517,7 @@ static void reload(px_server *srv) {
    * old config, and it can be freed now. */
   srv->cfg = next;
   srv->cfg_gen++;
+  new_policies(srv);
   free(old);
   srv->max_connections = connection_limit(srv, next, srv->max_connections);
   px_info("config_reloaded", PX_U("generation", srv->cfg_gen),
@@ -604,6 +627,10 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   uv_timer_init(loop, &srv->probe_timer);
   srv->probe_timer.data = srv;
   uv_timer_start(&srv->probe_timer, on_probe_timer, 0, PX_PROBE_INTERVAL_MS);
+  uv_timer_init(loop, &srv->janitor_timer);
+  srv->janitor_timer.data = srv;
+  uv_timer_start(&srv->janitor_timer, on_janitor, PX_JANITOR_MS, PX_JANITOR_MS);
+  new_policies(srv);
   if (cfg->admin_on) {
     /* an admin endpoint that cannot bind is logged; the proxy still runs */
     srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,

@@ -22,6 +22,7 @@
 #include "px_config.h"
 #include "px_dial.h"
 #include "px_probe.h"
+#include "px_queues.h"
 
 struct px_session;
 
@@ -50,6 +51,7 @@ typedef struct px_stats {
 
 #define PX_HIST_BUCKETS 13
 #define PX_LOG_LIMIT_MS 10000
+#define PX_JANITOR_MS 1000 /* periodic checks (px_view_check) */
 
 typedef struct px_hist {
   uint64_t buckets[PX_HIST_BUCKETS]; /* cumulative, see px_metrics.c */
@@ -67,8 +69,7 @@ typedef struct px_counter {
 typedef struct px_metrics_store {
   px_counter *counters;
   uint32_t n, cap;
-  char (*queues)[256]; /* distinct queue label values seen */
-  uint32_t nqueues;
+  px_queues queues;    /* every queue seen; the first 100 are labels */
   px_hist retry;       /* nack -> ack of the original */
   px_hist confirm;     /* client publish -> broker confirm */
   px_hist *processing; /* deliver -> settle, per queue label (+ other) */
@@ -99,6 +100,9 @@ typedef struct px_server {
    * generation (px_track.h) is used only while that generation is
    * current, which is what lets a reload free the config it replaces. */
   uint32_t cfg_gen;
+  uint64_t cfg_since_ms; /* loop time of the start, or the last reload */
+  bool policy_logged[PX_MAX_RULES]; /* unmatched, logged (px_view.c) */
+  uv_timer_t janitor_timer;         /* px_view_check, every second */
   uv_timer_t drain_timer;
   struct px_session *sessions; /* doubly linked */
   /* a session was freed (px_server_start() sets it; NULL: nothing to do) */

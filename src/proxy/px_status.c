@@ -7,44 +7,19 @@
 #include "px_metrics.h"
 #include "px_server.h"
 #include "px_session.h"
+#include "px_view.h"
 #include "retry_policy.h"
 
 /* ---- /v1/status ------------------------------------------------------------
  */
 
 static void json_string(px_admin_response *r, const char *s) {
-  px_admin_append(r, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      px_admin_printf(r, "\\%c", *p);
-    else if (*p < 0x20)
-      px_admin_printf(r, "\\u%04x", *p);
-    else
-      px_admin_append(r, p, 1);
-  }
-  px_admin_append(r, "\"", 1);
+  px_admin_json_string(r, s);
 }
 
 static void json_addr(px_admin_response *r, const px_addr *a) {
   char buf[300];
   json_string(r, px_addr_format(a, buf, sizeof buf));
-}
-
-static void json_delay(px_admin_response *r, uint32_t ms) {
-  char d[16];
-  if (retry_delay_format(ms, d, sizeof d) < 0)
-    snprintf(d, sizeof d, "%ums", (unsigned)ms);
-  json_string(r, d);
-}
-
-/* The backoff a policy was written with (its tiers are listed beside). */
-static void status_backoff(px_admin_response *r, const retry_backoff *b) {
-  px_admin_printf(r, ",\"backoff\":{\"initial\":");
-  json_delay(r, b->initial_ms);
-  px_admin_printf(r, ",\"max\":");
-  json_delay(r, b->max_ms);
-  px_admin_printf(r, ",\"multiplier\":%g,\"jitter\":%g,\"buckets\":%u}",
-                  b->multiplier, b->jitter, b->buckets);
 }
 
 static void status_config(px_server *srv, px_admin_response *r) {
@@ -73,26 +48,8 @@ static void status_config(px_server *srv, px_admin_response *r) {
   json_string(r, c->retry.header_prefix);
   px_admin_printf(r, ",\"policies\":[");
   for (unsigned i = 0; i < c->retry.nrules; i++) {
-    const retry_rule *rule = &c->retry.rules[i];
-    px_admin_printf(r, "%s{\"queues\":[", i ? "," : "");
-    for (unsigned g = 0; g < rule->nglobs; g++) {
-      if (g)
-        px_admin_append(r, ",", 1);
-      json_string(r, rule->globs[g]);
-    }
-    px_admin_printf(r, "],\"tiers\":[");
-    for (unsigned t = 0; t < rule->ntiers; t++) {
-      px_admin_printf(r, "%s", t ? "," : "");
-      json_delay(r, rule->tiers_ms[t]);
-    }
-    px_admin_printf(r, "]");
-    if (rule->backoff.initial_ms)
-      status_backoff(r, &rule->backoff);
-    px_admin_printf(r, ",\"max_attempts\":%u,\"dead_letter\":",
-                    (unsigned)rule->max_attempts);
-    json_string(r, rule->dead_letter);
-    px_admin_printf(r, ",\"queue_type\":\"%s\"}",
-                    retry_queue_type_str(rule->queue_type));
+    px_admin_printf(r, "%s", i ? "," : "");
+    px_view_policy(r, &c->retry.rules[i]);
   }
   px_admin_printf(r, "]}}");
 }
@@ -163,6 +120,8 @@ static bool status_produce(void *arg, px_admin_response *r) {
                   st->pending, st->delayed, st->blocked,
                   (unsigned long long)srv->stats.cache_bytes);
   status_config(srv, r);
+  px_admin_printf(r, ",");
+  px_view_summary(srv, r);
   px_admin_printf(r, "}\n");
   return false;
 }

@@ -432,6 +432,9 @@ bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
       break;
     }
     want = !r.no_ack && r.queue;
+    if (r.queue)
+      px_queue_count(s->srv, px_metrics_queue(s->srv, r.queue),
+                     r.no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED);
     if (want)
       new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
                    px_metrics_queue(s->srv, r.queue),
@@ -464,6 +467,8 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   }
   if (k->qid < 0) /* a no-wait consumer: the broker delivers, so it exists */
     k->qid = px_metrics_queue(s->srv, k->queue);
+  px_queue_count(s->srv, k->qid,
+                 k->no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED);
   if (k->no_ack)
     return false;
   if (k->gen != s->srv->cfg_gen) { /* reloaded: the new policy decides */

@@ -1,0 +1,229 @@
+/* px_view.c - what is in effect, per queue and per policy (px_view.h). */
+#include "px_view.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_log.h"
+#include "px_queues.h"
+#include "px_server.h"
+#include "retry_policy.h"
+
+#define SUMMARY_MAX 100 /* flagged queues listed in /v1/status */
+
+enum { FLAG_NO_ACK = 1, FLAG_FALLBACK = 2 };
+
+static void json_delay(px_admin_response *r, uint32_t ms) {
+  char d[16];
+  if (retry_delay_format(ms, d, sizeof d) < 0)
+    snprintf(d, sizeof d, "%ums", (unsigned)ms);
+  px_admin_json_string(r, d);
+}
+
+static void json_backoff(px_admin_response *r, const retry_backoff *b) {
+  px_admin_printf(r, ",\"backoff\":{\"initial\":");
+  json_delay(r, b->initial_ms);
+  px_admin_printf(r, ",\"max\":");
+  json_delay(r, b->max_ms);
+  px_admin_printf(r, ",\"multiplier\":%g,\"jitter\":%g,\"buckets\":%u}",
+                  b->multiplier, b->jitter, b->buckets);
+}
+
+void px_view_policy(px_admin_response *r, const retry_rule *rule) {
+  px_admin_printf(r, "{\"queues\":[");
+  for (unsigned g = 0; g < rule->nglobs; g++) {
+    px_admin_printf(r, "%s", g ? "," : "");
+    px_admin_json_string(r, rule->globs[g]);
+  }
+  px_admin_printf(r, "],\"tiers\":[");
+  for (unsigned t = 0; t < rule->ntiers; t++) {
+    px_admin_printf(r, "%s", t ? "," : "");
+    json_delay(r, rule->tiers_ms[t]);
+  }
+  px_admin_printf(r, "]");
+  if (rule->backoff.initial_ms)
+    json_backoff(r, &rule->backoff);
+  px_admin_printf(
+      r, ",\"max_attempts\":%u,\"dead_letter\":", (unsigned)rule->max_attempts);
+  px_admin_json_string(r, rule->dead_letter);
+  px_admin_printf(r, ",\"queue_type\":\"%s\"}",
+                  retry_queue_type_str(rule->queue_type));
+}
+
+/* The index of the queue's policy under the running config (-1: none),
+ * matched once per config generation. */
+static int policy_of(px_server *srv, px_queue_stat *q) {
+  if (q->policy_gen != srv->cfg_gen + 1) {
+    const retry_rule *r =
+        retry_match(&srv->cfg->retry, q->name, strlen(q->name));
+    q->policy = r ? (int32_t)(r - srv->cfg->retry.rules) : -1;
+    q->policy_gen = srv->cfg_gen + 1;
+  }
+  return q->policy;
+}
+
+/* What keeps a queue's policy from acting (FLAG_*), 0 if nothing. */
+static unsigned flags_of(px_server *srv, px_queue_stat *q) {
+  const uint64_t *n = q->n;
+  if (policy_of(srv, q) < 0)
+    return 0;
+  unsigned f = 0;
+  if (n[PX_QC_DELIVERED_NO_ACK] && !n[PX_QC_DELIVERED])
+    f |= FLAG_NO_ACK;
+  if (n[PX_QC_REQUEUED] && !n[PX_QC_RETRIED] && !n[PX_QC_DEAD_LETTERED])
+    f |= FLAG_FALLBACK;
+  return f;
+}
+
+static const char *flag_text(unsigned flag) {
+  return flag == FLAG_NO_ACK
+             ? "no-ack: every delivery went to a no-ack consumer or get, "
+               "so nothing can be retried"
+             : "fallback: every requeue went to the broker as the client's, "
+               "none was retried";
+}
+
+static void json_flags(px_admin_response *r, unsigned f) {
+  px_admin_printf(r, ",\"flags\":[");
+  for (unsigned bit = 1, k = 0; bit <= FLAG_FALLBACK; bit <<= 1)
+    if (f & bit) {
+      px_admin_printf(r, "%s", k++ ? "," : "");
+      px_admin_json_string(r, flag_text(bit));
+    }
+  px_admin_printf(r, "]");
+}
+
+static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
+                       uint64_t now) {
+  int p = policy_of(srv, q);
+  px_admin_printf(r, "{\"name\":");
+  px_admin_json_string(r, q->name);
+  if (p < 0) {
+    px_admin_printf(r, ",\"policy\":\"none: passes through\"");
+  } else {
+    px_admin_printf(r, ",\"policy_index\":%d,\"policy\":", p);
+    px_view_policy(r, &srv->cfg->retry.rules[p]);
+  }
+  for (int i = 0; i < PX_QC_COUNT; i++)
+    px_admin_printf(r, ",\"%s\":%llu", px_queue_count_names[i],
+                    (unsigned long long)q->n[i]);
+  px_admin_printf(r, ",\"seen_seconds_ago\":%.3f",
+                  (double)(now - q->seen_ms) / 1000.0);
+  json_flags(r, flags_of(srv, q));
+  px_admin_printf(r, "}");
+}
+
+/* Queues seen since the running config began, per policy. */
+static void count_matches(px_server *srv, uint32_t *matched) {
+  px_queues *qs = &srv->metrics.queues;
+  memset(matched, 0, PX_MAX_RULES * sizeof *matched);
+  for (uint32_t i = 0; i < qs->n; i++) {
+    int p = policy_of(srv, &qs->q[i]);
+    if (p >= 0 && qs->q[i].seen_ms >= srv->cfg_since_ms)
+      matched[p]++;
+  }
+}
+
+static void json_policies(px_server *srv, px_admin_response *r) {
+  uint32_t matched[PX_MAX_RULES];
+  count_matches(srv, matched);
+  px_admin_printf(r, "\"policies\":[");
+  for (unsigned i = 0; i < srv->cfg->retry.nrules; i++) {
+    px_admin_printf(r, "%s{\"index\":%u,\"policy\":", i ? "," : "", i);
+    px_view_policy(r, &srv->cfg->retry.rules[i]);
+    px_admin_printf(r, ",\"queues_matched\":%u,\"flags\":[", matched[i]);
+    if (!matched[i])
+      px_admin_printf(r, "\"unmatched: no queue seen since %s matched it\"",
+                      srv->cfg_gen ? "the last reload" : "start");
+    px_admin_printf(r, "]}");
+  }
+  px_admin_printf(r, "]");
+}
+
+/* ---- GET /v1/queues, a slice at a time ---------------------------------- */
+
+typedef struct queues_stream {
+  px_server *srv;
+  uint32_t next; /* slot to write next; n: "other", then the end */
+  uint64_t now;
+} queues_stream;
+
+static bool queues_produce(void *arg, px_admin_response *r) {
+  queues_stream *st = arg;
+  px_queues *qs = &st->srv->metrics.queues;
+  for (; st->next < qs->n && r->len < PX_ADMIN_SLICE; st->next++) {
+    px_admin_printf(r, "%s", st->next ? "," : "");
+    json_queue(st->srv, r, &qs->q[st->next], st->now);
+  }
+  if (st->next < qs->n)
+    return true;
+  px_admin_printf(r, "],\"other\":");
+  if (qs->other.name[0])
+    json_queue(st->srv, r, &qs->other, st->now);
+  else
+    px_admin_printf(r, "null");
+  px_admin_printf(r, ",");
+  json_policies(st->srv, r);
+  px_admin_printf(r, "}\n");
+  return false;
+}
+
+void px_view_queues_render(px_server *srv, px_admin_response *r) {
+  queues_stream *st = malloc(sizeof *st);
+  if (st)
+    *st = (queues_stream){srv, 0, uv_now(srv->loop)};
+  px_admin_header(r, "Content-Type", "application/json");
+  px_admin_printf(r, "{\"queues\":[");
+  px_admin_stream(r, queues_produce, free, st);
+}
+
+void px_view_summary(px_server *srv, px_admin_response *r) {
+  px_queues *qs = &srv->metrics.queues;
+  uint64_t now = uv_now(srv->loop);
+  unsigned listed = 0;
+  px_admin_printf(r, "\"in_effect\":{\"queues_seen\":%u,\"flagged\":[",
+                  (unsigned)qs->n);
+  for (uint32_t i = 0; i < qs->n && listed < SUMMARY_MAX; i++)
+    if (flags_of(srv, &qs->q[i])) {
+      px_admin_printf(r, "%s", listed++ ? "," : "");
+      json_queue(srv, r, &qs->q[i], now);
+    }
+  px_admin_printf(r, "],");
+  json_policies(srv, r);
+  px_admin_printf(r, "}");
+}
+
+/* ---- the check ---------------------------------------------------------- */
+
+static void check_queue(px_server *srv, px_queue_stat *q) {
+  unsigned f = flags_of(srv, q) & ~q->logged;
+  for (unsigned bit = 1; bit <= FLAG_FALLBACK; bit <<= 1)
+    if (f & bit)
+      px_warn("queue_policy_ineffective", PX_S("queue", q->name),
+              PX_I("policy_index", q->policy), PX_S("why", flag_text(bit)));
+  q->logged |= (uint8_t)f;
+}
+
+void px_view_check(px_server *srv) {
+  uint64_t now = uv_now(srv->loop);
+  px_queues *qs = &srv->metrics.queues;
+  if (now - srv->cfg_since_ms < srv->cfg->policy_check_after_ms)
+    return;
+  for (uint32_t i = 0; i < qs->n; i++)
+    check_queue(srv, &qs->q[i]);
+  uint32_t matched[PX_MAX_RULES];
+  count_matches(srv, matched);
+  for (unsigned i = 0; i < srv->cfg->retry.nrules; i++) {
+    const retry_rule *rule = &srv->cfg->retry.rules[i];
+    if (matched[i] || srv->policy_logged[i])
+      continue;
+    srv->policy_logged[i] = true;
+    px_warn("policy_unmatched", PX_U("policy_index", i),
+            PX_S("first_glob", rule->globs[0]),
+            PX_U("seconds", (now - srv->cfg_since_ms) / 1000),
+            PX_S("why", srv->cfg_gen ? "no queue seen since the last reload "
+                                       "matched it"
+                                     : "no queue seen since start matched it"));
+  }
+}
