@@ -5,11 +5,16 @@
  * measure rebound from the outside.
  *
  * Frame: type (1), channel (2), payload size (4), payload, 0xCE.
+ *
+ * A client connection (ba_reader) is plain TCP, or TLS when its `ssl` is
+ * set (an OpenSSL SSL object on the blocking socket, see bench_tls.h):
+ * ba_recv() and ba_send() go through it.
  */
 #ifndef BENCH_AMQP_H
 #define BENCH_AMQP_H
 
 #include <errno.h>
+#include <openssl/ssl.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -172,9 +177,41 @@ static inline int ba_write_all(int fd, const void *d, size_t n) {
 
 typedef struct ba_reader {
   int fd;
+  SSL *ssl; /* NULL: plain TCP */
   uint8_t buf[140 * 1024];
   size_t start, end;
 } ba_reader;
+
+/* Read up to n bytes from the connection (plaintext over TLS): > 0, 0 at
+ * the end of the stream, -1 on an error (or the receive timeout). */
+static inline ssize_t ba_recv(ba_reader *r, void *d, size_t n) {
+  if (!r->ssl)
+    return read(r->fd, d, n);
+  int k = SSL_read(r->ssl, d, n > 0x40000000 ? 0x40000000 : (int)n);
+  if (k > 0)
+    return k;
+  int e = SSL_get_error(r->ssl, k);
+  if (e == SSL_ERROR_ZERO_RETURN)
+    return 0;
+  if (e != SSL_ERROR_SYSCALL || !errno)
+    errno = EIO;
+  return -1;
+}
+
+/* Write all of d (encrypted over TLS). 0 or -1. */
+static inline int ba_send(ba_reader *r, const void *d, size_t n) {
+  if (!r->ssl)
+    return ba_write_all(r->fd, d, n);
+  const uint8_t *p = d;
+  while (n) {
+    int k = SSL_write(r->ssl, p, n > 0x40000000 ? 0x40000000 : (int)n);
+    if (k <= 0)
+      return -1;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
 
 /* Next frame (blocking; the socket's SO_RCVTIMEO bounds it). The frame's
  * payload stays valid until the next call. Returns 0 or -1. */
@@ -193,7 +230,7 @@ static inline int ba_read_frame(ba_reader *r, ba_frame *f) {
       r->end -= r->start;
       r->start = 0;
     }
-    ssize_t got = read(r->fd, r->buf + r->end, sizeof r->buf - r->end);
+    ssize_t got = ba_recv(r, r->buf + r->end, sizeof r->buf - r->end);
     if (got < 0 && errno == EINTR)
       continue;
     if (got <= 0)
@@ -227,7 +264,7 @@ static inline int ba_expect(ba_reader *r, uint16_t ch, uint32_t id,
  * as given) + open, pipelined as most clients do; (4) open-ok. Each
  * returns 0 or -1. */
 static inline int ba_hs_header(ba_reader *r) {
-  return ba_write_all(r->fd, ba_protocol_header, 8);
+  return ba_send(r, ba_protocol_header, 8);
 }
 
 static inline int ba_hs_start_ok(ba_reader *r, const char *user,
@@ -248,7 +285,7 @@ static inline int ba_hs_start_ok(ba_reader *r, const char *user,
   ba_put(&b, pass, pl);
   ba_shortstr(&b, "en_US");
   ba_frame_end(&b, at);
-  int rc = ba_write_all(r->fd, b.p, b.len);
+  int rc = ba_send(r, b.p, b.len);
   free(b.p);
   return rc;
 }
@@ -271,7 +308,7 @@ static inline int ba_hs_tune_open(ba_reader *r, const char *vhost,
   ba_shortstr(&b, "");
   ba_u8(&b, 0);
   ba_frame_end(&b, at);
-  int rc = ba_write_all(r->fd, b.p, b.len);
+  int rc = ba_send(r, b.p, b.len);
   free(b.p);
   return rc;
 }
@@ -287,7 +324,7 @@ static inline int ba_channel_open(ba_reader *r, uint16_t ch) {
   size_t at = ba_method_begin(&b, ch, BA_MID(20, 10));
   ba_shortstr(&b, ""); /* reserved */
   ba_frame_end(&b, at);
-  int rc = ba_write_all(r->fd, b.p, b.len);
+  int rc = ba_send(r, b.p, b.len);
   free(b.p);
   return rc;
 }

@@ -15,10 +15,16 @@
  * One thread, poll(2), non-blocking sockets. Links nothing of rebound.
  *
  *   fake_broker [--listen 127.0.0.1:PORT] [--body-size N] [--messages N]
- *               [--block BYTES] [--timeout S]
+ *               [--block BYTES] [--timeout S] [--tls-cert F --tls-key F]
  * (--body is the same as --body-size.) Prints "LISTENING <port>" once bound
  * (port 0 picks one). Exits after --timeout seconds (default 900) or on
- * SIGTERM/SIGINT.
+ * SIGTERM/SIGINT, saying on stderr what it wrote and how many connections
+ * it accepted.
+ *
+ * --tls-cert/--tls-key: every connection speaks TLS (OpenSSL, non-blocking;
+ * TLS 1.2 at least, no session tickets and no session cache, as RabbitMQ
+ * 3.10 does: every handshake is a full one). The deliveries are encrypted
+ * as they are written, 64 KiB blocks in records of up to 16 KiB.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -30,6 +36,7 @@
 #include <sys/socket.h>
 
 #include "bench_amqp.h"
+#include "bench_tls.h"
 
 #define MAX_FRAME (131072 + 8)
 
@@ -37,6 +44,8 @@ enum { P_HEADER, P_START_OK, P_TUNE_OK, P_OPEN, P_OPEN_DONE };
 
 typedef struct conn {
   int fd;
+  SSL *ssl;             /* NULL: plain TCP */
+  bool ssl_wants_write; /* OpenSSL must write before it can go on */
   int phase;
   bool close_when_flushed;
   uint8_t *in;
@@ -61,7 +70,8 @@ static int body_size = 256;
 static size_t block_target = 64 * 1024;
 static uint64_t max_messages; /* per consumer; 0: no limit */
 static volatile sig_atomic_t stop;
-static uint64_t frames_flooded, messages_flooded;
+static uint64_t frames_flooded, messages_flooded, conns_accepted;
+static SSL_CTX *tls_ctx; /* --tls-cert: every connection speaks TLS */
 
 static void on_signal(int sig) {
   (void)sig;
@@ -69,6 +79,7 @@ static void on_signal(int sig) {
 }
 
 static void conn_free(conn *c) {
+  SSL_free(c->ssl);
   close(c->fd);
   free(c->in);
   free(c->out.p);
@@ -290,10 +301,47 @@ static void handle_method(conn *c, const ba_frame *f) {
   }
 }
 
+/* The socket, or TLS over it: read(2) and write(2) semantics (-1 with
+ * EAGAIN when it would block). */
+static ssize_t tls_result(conn *c, int k) {
+  if (k > 0)
+    return k;
+  switch (SSL_get_error(c->ssl, k)) {
+  case SSL_ERROR_WANT_WRITE:
+    c->ssl_wants_write = true;
+    /* fall through */
+  case SSL_ERROR_WANT_READ:
+    errno = EAGAIN;
+    return -1;
+  case SSL_ERROR_ZERO_RETURN:
+    return 0;
+  default:
+    ERR_clear_error();
+    errno = EIO;
+    return -1;
+  }
+}
+
+static ssize_t io_read(conn *c, void *d, size_t n) {
+  if (!c->ssl)
+    return read(c->fd, d, n);
+  c->ssl_wants_write = false;
+  return tls_result(c, SSL_read(c->ssl, d, (int)n));
+}
+
+static ssize_t io_write(conn *c, const void *d, size_t n) {
+  if (!c->ssl)
+    return write(c->fd, d, n);
+  c->ssl_wants_write = false;
+  return tls_result(c, SSL_write(c->ssl, d, n > 1 << 30 ? 1 << 30 : (int)n));
+}
+
 /* Returns -1 when the connection must go. */
 static int conn_read(conn *c) {
-  for (int rounds = 0; rounds < 64; rounds++) {
-    ssize_t n = read(c->fd, c->in + c->in_len, MAX_FRAME - c->in_len);
+  /* over TLS: until OpenSSL has nothing left, or its decrypted bytes
+   * would wait with the socket quiet */
+  for (int rounds = 0; rounds < 64 || c->ssl; rounds++) {
+    ssize_t n = io_read(c, c->in + c->in_len, MAX_FRAME - c->in_len);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
       return 0;
     if (n <= 0)
@@ -345,7 +393,7 @@ static int conn_write(conn *c) {
       b = &c->block;
     } else
       break;
-    ssize_t n = write(c->fd, b->p + b->off, b->len - b->off);
+    ssize_t n = io_write(c, b->p + b->off, b->len - b->off);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno == EAGAIN)
@@ -366,12 +414,12 @@ static int conn_write(conn *c) {
 }
 
 static bool conn_wants_write(const conn *c) {
-  return c->out.off < c->out.len || c->flooding ||
+  return c->ssl_wants_write || c->out.off < c->out.len || c->flooding ||
          (c->block.off > 0 && c->block.off < c->block.len);
 }
 
 int main(int argc, char **argv) {
-  const char *listen_at = "127.0.0.1:0";
+  const char *listen_at = "127.0.0.1:0", *tls_cert = NULL, *tls_key = NULL;
   double timeout = 900;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--listen"))
@@ -389,13 +437,23 @@ int main(int argc, char **argv) {
       block_target = (size_t)atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--timeout"))
       timeout = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--tls-cert"))
+      tls_cert = argv[i + 1];
+    else if (!strcmp(argv[i], "--tls-key"))
+      tls_key = argv[i + 1];
     else {
       fprintf(stderr, "usage: fake_broker [--listen 127.0.0.1:PORT] "
                       "[--body-size N] [--messages N] [--block BYTES] "
-                      "[--timeout S]\n");
+                      "[--timeout S] [--tls-cert FILE --tls-key FILE]\n");
       return 2;
     }
   }
+  if (!tls_cert != !tls_key) {
+    fprintf(stderr, "fake_broker: --tls-cert and --tls-key go together\n");
+    return 2;
+  }
+  if (tls_cert && !(tls_ctx = bt_server_ctx("fake_broker", tls_cert, tls_key)))
+    return 1;
   if ((argc - 1) % 2 || body_size < 0 || body_size > 131000 ||
       block_target < 1) {
     fprintf(stderr, "fake_broker: bad arguments\n");
@@ -459,7 +517,16 @@ int main(int argc, char **argv) {
         conn *c = calloc(1, sizeof *c);
         c->fd = fd;
         c->in = malloc(MAX_FRAME);
+        if (tls_ctx) {
+          c->ssl = SSL_new(tls_ctx);
+          if (!c->ssl || SSL_set_fd(c->ssl, fd) != 1) {
+            conn_free(c);
+            continue;
+          }
+          SSL_set_accept_state(c->ssl);
+        }
         conns[nconns++] = c;
+        conns_accepted++;
       }
     }
     /* pfds[i+1] belong to conns[i] as they were before accepting */
@@ -467,7 +534,9 @@ int main(int argc, char **argv) {
       conn *c = conns[i];
       short re = pfds[i + 1].fd == c->fd ? pfds[i + 1].revents : 0;
       int bad = 0;
-      if (re & (POLLIN | POLLHUP | POLLERR))
+      /* a TLS read (the handshake) that had to write first goes on */
+      if (re & (POLLIN | POLLHUP | POLLERR) ||
+          (c->ssl_wants_write && re & POLLOUT))
         bad = conn_read(c);
       if (!bad && (re & POLLOUT || c->out.len > c->out.off))
         bad = conn_write(c);
@@ -486,8 +555,10 @@ int main(int argc, char **argv) {
   close(lfd);
   fprintf(stderr,
           "fake_broker: exit, %llu delivery frames (%llu messages) "
-          "written\n",
+          "written, %llu connections accepted\n",
           (unsigned long long)frames_flooded,
-          (unsigned long long)messages_flooded);
+          (unsigned long long)messages_flooded,
+          (unsigned long long)conns_accepted);
+  SSL_CTX_free(tls_ctx);
   return 0;
 }

@@ -7,11 +7,16 @@
  *
  *   idle_conns [--host H] [--port P] [--count N] [--checkpoints A,B,...]
  *              [--batch B] [--channel] [--heartbeat S] [--hold S]
+ *              [--tls CA_FILE] [--sni NAME]
  *
  * At each checkpoint (number of open connections; the last is --count) it
  * prints "OPEN <n>" and waits for a line on stdin before going on; after
  * the last one it waits for a line or EOF, then closes everything. A wait
  * never lasts longer than --hold seconds (default 120).
+ *
+ * --tls CA_FILE: each connection first does a full TLS handshake (OpenSSL),
+ * verifying the server against CA_FILE and --sni NAME (default localhost),
+ * then the AMQP handshake over TLS.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -22,6 +27,7 @@
 #include <sys/socket.h>
 
 #include "bench_amqp.h"
+#include "bench_tls.h"
 
 static void fail(const char *what, long i) {
   fprintf(stderr, "idle_conns: %s (connection %ld): %s\n", what, i,
@@ -41,6 +47,8 @@ static int wait_line(double hold) {
 
 int main(int argc, char **argv) {
   const char *host = "127.0.0.1", *checkpoints = "";
+  const char *tls_ca = NULL, *sni = "localhost";
+  SSL_CTX *tls_ctx = NULL;
   int port = 5672, batch = 50, heartbeat = 0;
   long count = 1000;
   double hold = 120;
@@ -68,11 +76,17 @@ int main(int argc, char **argv) {
       heartbeat = atoi(v);
     else if (!strcmp(a, "--hold"))
       hold = atof(v);
+    else if (!strcmp(a, "--tls"))
+      tls_ca = v;
+    else if (!strcmp(a, "--sni"))
+      sni = v;
     else
       goto usage;
   }
   if (count < 1 || count > 100000 || batch < 1)
     goto usage;
+  if (tls_ca && !(tls_ctx = bt_client_ctx("idle_conns", tls_ca)))
+    return 1;
 
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -101,6 +115,7 @@ int main(int argc, char **argv) {
       if (!r)
         fail("malloc", i);
       r->start = r->end = 0;
+      r->ssl = NULL;
       r->fd = socket(AF_INET, SOCK_STREAM, 0);
       if (r->fd < 0)
         fail("socket", i);
@@ -109,6 +124,8 @@ int main(int argc, char **argv) {
       setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       if (connect(r->fd, (struct sockaddr *)&sa, sizeof sa) != 0)
         fail("connect", i);
+      if (tls_ctx && !(r->ssl = bt_connect("idle_conns", tls_ctx, r->fd, sni)))
+        fail("TLS handshake", i);
       if (ba_hs_header(r) != 0)
         fail("protocol header", i);
     }
@@ -143,6 +160,7 @@ int main(int argc, char **argv) {
   wait_line(hold);
   for (long i = 0; i < count; i++)
     if (rs[i]) {
+      SSL_free(rs[i]->ssl);
       close(rs[i]->fd);
       free(rs[i]);
     }
@@ -152,6 +170,6 @@ int main(int argc, char **argv) {
 usage:
   fprintf(stderr, "usage: idle_conns [--host H] [--port P] [--count N] "
                   "[--checkpoints A,B,...] [--batch B] [--channel] "
-                  "[--heartbeat S] [--hold S]\n");
+                  "[--heartbeat S] [--hold S] [--tls CA_FILE] [--sni NAME]\n");
   return 2;
 }

@@ -8,6 +8,7 @@
  *
  *   pump_client [--host H] [--port P] [--seconds T] [--warmup W]
  *               [--messages N] [--queue Q] [--label TEXT] [--cpu-pid PID]
+ *               [--tls CA_FILE] [--sni NAME]
  * Prints one "RESULT" line (key=value). With --cpu-pid it also reports the
  * CPU time (utime+stime from /proc/PID/stat) that process spent during the
  * counted window, per million frames, and as a share of one core. Every
@@ -20,6 +21,10 @@
  * and status=short when fewer than N arrived in time. Frames after the N-th
  * delivery are not counted (extra=... says how many came before close-ok).
  * Meant for counts that must be the same from run to run (callgrind).
+ *
+ * --tls CA_FILE: speak TLS (OpenSSL, a full handshake) and verify the
+ * server's certificate against CA_FILE and --sni NAME (default localhost),
+ * which is also sent as SNI; tls=VERSION/CIPHER in the result.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,6 +34,7 @@
 #include <sys/socket.h>
 
 #include "bench_amqp.h"
+#include "bench_tls.h"
 
 static void fail(const char *what) {
   fprintf(stderr, "pump_client: %s\n", what);
@@ -47,7 +53,7 @@ static long close_cleanly(ba_reader *r, const uint8_t *pending, size_t len) {
   ba_u16(&b, 0);
   ba_u16(&b, 0);
   ba_frame_end(&b, at);
-  int rc = ba_write_all(r->fd, b.p, b.len);
+  int rc = ba_send(r, b.p, b.len);
   free(b.p);
   if (rc != 0)
     return -1;
@@ -81,6 +87,7 @@ static long close_cleanly(ba_reader *r, const uint8_t *pending, size_t len) {
 
 int main(int argc, char **argv) {
   const char *host = "127.0.0.1", *queue = "pump", *label = "-";
+  const char *tls_ca = NULL, *sni = "localhost";
   int port = 5672;
   long cpu_pid = 0;
   double seconds = 5, warmup = 1;
@@ -108,10 +115,14 @@ int main(int argc, char **argv) {
       label = v;
     else if (!strcmp(a, "--cpu-pid"))
       cpu_pid = atol(v);
+    else if (!strcmp(a, "--tls"))
+      tls_ca = v;
+    else if (!strcmp(a, "--sni"))
+      sni = v;
     else {
       fprintf(stderr, "usage: pump_client [--host H] [--port P] [--seconds T] "
                       "[--warmup W] [--messages N] [--queue Q] [--label TEXT] "
-                      "[--cpu-pid PID]\n");
+                      "[--cpu-pid PID] [--tls CA_FILE] [--sni NAME]\n");
       return 2;
     }
   }
@@ -134,6 +145,11 @@ int main(int argc, char **argv) {
   if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
       connect(r.fd, (struct sockaddr *)&sa, sizeof sa) != 0)
     fail("connect");
+  if (tls_ca) {
+    SSL_CTX *ctx = bt_client_ctx("pump_client", tls_ca);
+    if (!ctx || !(r.ssl = bt_connect("pump_client", ctx, r.fd, sni)))
+      fail("TLS handshake");
+  }
   if (ba_client_handshake(&r, "guest", "guest", "/", 0) != 0)
     fail("handshake");
 
@@ -148,8 +164,7 @@ int main(int argc, char **argv) {
   ba_u8(&b, 2); /* no-ack */
   ba_u32(&b, 0);
   ba_frame_end(&b, at);
-  if (ba_write_all(r.fd, b.p, b.len) != 0 ||
-      ba_expect(&r, 1, BA_MID(60, 21), &f) != 0)
+  if (ba_send(&r, b.p, b.len) != 0 || ba_expect(&r, 1, BA_MID(60, 21), &f) != 0)
     fail("basic.consume");
   free(b.p);
 
@@ -184,9 +199,11 @@ int main(int argc, char **argv) {
      * count before anything is read */
     if (!parse_first) {
       struct pollfd p = {.fd = r.fd, .events = POLLIN};
-      if (len < sizeof buf && poll(&p, 1, 200) <= 0)
+      /* over TLS, decrypted bytes may wait in the SSL object */
+      if (len < sizeof buf && !(r.ssl && SSL_pending(r.ssl)) &&
+          poll(&p, 1, 200) <= 0)
         continue; /* re-check the clock */
-      ssize_t n = read(r.fd, buf + len, sizeof buf - len);
+      ssize_t n = ba_recv(&r, buf + len, sizeof buf - len);
       if (n < 0 && errno == EINTR)
         continue;
       if (n <= 0) {
@@ -247,6 +264,8 @@ int main(int argc, char **argv) {
          secs > 0 ? (double)bytes / secs / 1e6 : 0);
   if (messages)
     printf(" extra=%ld", extra);
+  if (r.ssl)
+    printf(" tls=%s", bt_describe(r.ssl));
   if (cpu_pid)
     printf(" cpu_pid=%ld cpu_secs=%.2f cpu_s_per_mframes=%.4f core_util=%.2f",
            cpu_pid, cpu, frames ? cpu / ((double)frames / 1e6) : 0,
