@@ -16,9 +16,14 @@
  *
  * Every loop is bounded by its count and by --timeout. One line of output
  * starting with "RESULT" is meant for scripts (key=value).
+ *
+ * --tls CA_FILE: both connections speak TLS (librabbitmq-c's, on OpenSSL),
+ * verifying the server's certificate against CA_FILE and its name against
+ * --host (give the name the certificate carries, e.g. localhost).
  */
 #define _GNU_SOURCE
 #include <amqp.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -39,6 +44,7 @@ typedef struct opts {
   int port;
   const char *user, *pass, *vhost;
   const char *label;
+  const char *tls_ca; /* NULL: plain TCP */
   long count;
   int size;
   int window;
@@ -123,10 +129,20 @@ static void check_reply(amqp_rpc_reply_t r, const char *what) {
 
 static amqp_connection_state_t connect_amqp(const char *who) {
   amqp_connection_state_t c = amqp_new_connection();
-  amqp_socket_t *sock = amqp_tcp_socket_new(c);
+  amqp_socket_t *sock =
+      o.tls_ca ? amqp_ssl_socket_new(c) : amqp_tcp_socket_new(c);
   struct timeval tv = {10, 0};
   if (!sock)
     die(who, "amqp_tcp_socket_new");
+  if (o.tls_ca) {
+    if (amqp_ssl_socket_set_cacert(sock, o.tls_ca) != AMQP_STATUS_OK)
+      die(who, "TLS CA file");
+    amqp_ssl_socket_set_verify_peer(sock, 1);
+    amqp_ssl_socket_set_verify_hostname(sock, 1);
+    if (amqp_ssl_socket_set_ssl_versions(sock, AMQP_TLSv1_2, AMQP_TLSvLATEST) !=
+        AMQP_STATUS_OK)
+      die(who, "TLS versions");
+  }
   int rc = amqp_socket_open_noblock(sock, o.host, o.port, &tv);
   if (rc != AMQP_STATUS_OK)
     die(who, amqp_error_string2(rc));
@@ -294,7 +310,7 @@ static void usage(void) {
           "       [--user U] [--pass P] [--vhost V] [--label TEXT]\n"
           "       [--count N] [--size BYTES] [--window N] [--prefetch N]\n"
           "       [--rate MSG_PER_S] [--duration S] [--warmup S]\n"
-          "       [--timeout S] [--persistent]\n"
+          "       [--timeout S] [--persistent] [--tls CA_FILE]\n"
           "throughput: --count messages (default 100000) as fast as the\n"
           "  confirm window allows. latency: --rate for --duration seconds\n"
           "  (default 2000 msg/s, 10 s), first --warmup s (1) not counted.\n");
@@ -361,6 +377,8 @@ int main(int argc, char **argv) {
       o.warmup = arg_d(v);
     else if (!strcmp(a, "--timeout"))
       o.timeout = arg_d(v);
+    else if (!strcmp(a, "--tls"))
+      o.tls_ca = v;
     else
       usage();
   }
