@@ -3,7 +3,8 @@
 # frame, without a broker, counted by callgrind (deterministic, unlike time).
 #
 #   bench/callgrind_pump.sh [--binary PATH] [--body-size B] [--small N1]
-#                           [--large N2] [--repeat R] [--top K]
+#                           [--large N2] [--repeat R] [--top K] [--tls]
+#                           [--haproxy]
 #
 # One run of N messages: bench/fake_broker --messages N --body-size B writes
 # exactly N deliveries (basic.deliver + content header + one body frame of
@@ -33,12 +34,39 @@
 # $REBOUND_BENCH_BUILD, default build-rel). fake_broker and pump_client are
 # always built from the tree. Defaults: B 256, N1 20000, N2 60000. KEEP=1
 # keeps the scratch directory with the callgrind.out files.
+#
+# --tls: TLS on both sides (certificates from tests/tls/make_certs.sh):
+# pump_client speaks TLS to the proxy, which terminates it and originates
+# its own TLS to fake_broker (no session tickets: a full handshake), so the
+# Ir include OpenSSL's work on both sides (decrypting and encrypting every
+# byte once each). rebound: --tls-listen, --upstream amqps://localhost:PORT
+# --upstream-ca; its readiness probe dials the upstream every 2 s (a TLS
+# handshake each), so the connections fake_broker accepted are printed per
+# run (1 + the probes): a run with more probes has more Ir. The script then
+# measures what one probe costs (two runs of rebound with no client, 3 s
+# and 13 s: the difference in Ir over the difference in probes) and also
+# prints Ir per frame with the probes taken out. With --tls libc's memset
+# per frame is printed too (OpenSSL's BUF_MEM_grow_clean zeroes what a
+# memory BIO grows by: one Ir per byte under callgrind, like big copies).
+# --haproxy: measure Debian's HAProxy (TCP mode, nbthread 1, no logging;
+# with --tls: `bind ... ssl crt`, `server ... ssl verify required ca-file
+# ... sni str(localhost) verifyhost localhost`) under callgrind in the same
+# way instead of rebound; it has no probe. HAProxy's exit on SIGTERM
+# (status 143) counts as a clean exit. Its start-up is not counted
+# (valgrind --instr-atstart=no, then `callgrind_control -i on` once it
+# listens): loading its configuration runs a few big-number
+# exponentiations whose cost varies from run to run by several million Ir,
+# which would otherwise swamp the difference between two runs.
 set -euo pipefail
 . "$(dirname "$0")/bench_lib.sh"
 
-BODY=256 N1=20000 N2=60000 REPEAT=2 TOP=10
-usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K]"
+BODY=256 N1=20000 N2=60000 REPEAT=2 TOP=10 TLS=0 TARGET=rebound
+usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K] [--tls] [--haproxy]"
 while [ $# -gt 0 ]; do
+    case $1 in
+        --tls) TLS=1; shift; continue ;;
+        --haproxy) TARGET=haproxy; shift; continue ;;
+    esac
     [ $# -ge 2 ] || die "$usage"
     case $1 in
         --binary) REBOUND_BIN=$(realpath "$2"); REBOUND=$REBOUND_BIN ;;
@@ -60,9 +88,58 @@ done
 command -v valgrind >/dev/null || die "valgrind not installed"
 command -v callgrind_annotate >/dev/null || die "callgrind_annotate not installed"
 
-build rebound fake_broker pump_client
-[ -x "$REBOUND" ] || die "no rebound binary at $REBOUND"
+if [ "$TARGET" = haproxy ]; then
+    command -v haproxy >/dev/null || die "haproxy not installed"
+    build fake_broker pump_client
+else
+    build rebound fake_broker pump_client
+    [ -x "$REBOUND" ] || die "no rebound binary at $REBOUND"
+fi
 FRAMES_PER_MSG=$((BODY > 0 ? 3 : 2))
+FAKE_TLS=() CLIENT_TLS=()
+if [ "$TLS" = 1 ]; then
+    CERTS=$WORK/certs
+    sh "$ROOT/tests/tls/make_certs.sh" "$CERTS" || die "cannot make certificates"
+    cat "$CERTS/server.pem" "$CERTS/server.key" >"$CERTS/haproxy.pem"
+    FAKE_TLS=(--tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server.key")
+    CLIENT_TLS=(--tls "$CERTS/ca.pem")
+fi
+
+# proxy_cmd LISTEN_PORT UPSTREAM_PORT TAG: the command line of the proxy
+# under test (for haproxy, its configuration is written first).
+proxy_cmd() {
+    if [ "$TARGET" = haproxy ]; then
+        local bind="127.0.0.1:$1" server="127.0.0.1:$2"
+        if [ "$TLS" = 1 ]; then
+            bind="$bind ssl crt $CERTS/haproxy.pem"
+            server="$server ssl verify required ca-file $CERTS/ca.pem sni str(localhost) verifyhost localhost"
+        fi
+        cat >"$WORK/haproxy.$3.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 9000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend fe
+    bind $bind
+    default_backend be
+backend be
+    server upstream $server
+EOF
+        echo haproxy -db -f "$WORK/haproxy.$3.cfg"
+    elif [ "$TLS" = 1 ]; then
+        echo "$REBOUND" --listen off --tls-listen "127.0.0.1:$1" \
+            --tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server.key" \
+            --upstream "amqps://localhost:$2" --upstream-ca "$CERTS/ca.pem" \
+            --admin off --log-level warn
+    else
+        echo "$REBOUND" --listen "127.0.0.1:$1" --upstream "127.0.0.1:$2" \
+            --admin off --log-level warn
+    fi
+}
 
 # listening PORT: something listens on 127.0.0.1:PORT (asked of the kernel,
 # not by connecting: a probe connection would be a session rebound counts).
@@ -70,13 +147,14 @@ listening() {
     [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
 }
 
-# one_run N TAG: sets RUN_IR, RUN_MEM (Ir in memcpy/memmove) and
-# RUN_FRAMES; the callgrind file is $WORK/cg.TAG.out.
+# one_run N TAG: sets RUN_IR, RUN_MEM (Ir in memcpy/memmove), RUN_FRAMES
+# and RUN_CONNS (connections fake_broker accepted); the callgrind file is
+# $WORK/cg.TAG.out.
 one_run() {
     local n=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i line frames ir rc
     local out=$WORK/cg.$tag.out
     "$BUILD/bench/fake_broker" --listen 127.0.0.1:0 --messages "$n" \
-        --body-size "$BODY" --timeout 900 >"$WORK/fake.$tag.out" \
+        --body-size "$BODY" --timeout 900 "${FAKE_TLS[@]}" >"$WORK/fake.$tag.out" \
         2>"$WORK/fake.$tag.log" &
     fake_pid=$!
     PIDS+=("$fake_pid")
@@ -89,20 +167,28 @@ one_run() {
     [ -n "$fake_port" ] || die "fake_broker did not say where it listens"
 
     rb_port=$(free_port)
-    valgrind --tool=callgrind --callgrind-out-file="$out" \
-        "$REBOUND" --listen "127.0.0.1:$rb_port" --upstream "127.0.0.1:$fake_port" \
-        --admin off --log-level warn >"$WORK/rebound.$tag.log" 2>&1 &
+    local cmd
+    cmd=$(proxy_cmd "$rb_port" "$fake_port" "$tag")
+    local late=()
+    [ "$TARGET" = haproxy ] && late=(--instr-atstart=no)
+    # shellcheck disable=SC2086 # split on spaces on purpose: no path here holds one
+    valgrind --tool=callgrind --callgrind-out-file="$out" "${late[@]}" \
+        $cmd >"$WORK/rebound.$tag.log" 2>&1 &
     rb_pid=$!
     PIDS+=("$rb_pid")
     for ((i = 0; i < 600; i++)); do
         listening "$rb_port" && break
-        kill -0 "$rb_pid" 2>/dev/null || { cat "$WORK/rebound.$tag.log" >&2; die "rebound exited"; }
+        kill -0 "$rb_pid" 2>/dev/null || { cat "$WORK/rebound.$tag.log" >&2; die "$TARGET exited"; }
         sleep 0.1
     done
-    listening "$rb_port" || die "rebound does not listen on $rb_port after 60 s"
+    listening "$rb_port" || die "$TARGET does not listen on $rb_port after 60 s"
+    if [ "${#late[@]}" -gt 0 ]; then
+        callgrind_control -i on "$rb_pid" >/dev/null 2>&1 ||
+            die "callgrind_control -i on $rb_pid failed"
+    fi
 
     line=$("$BUILD/bench/pump_client" --port "$rb_port" --messages "$n" \
-        --seconds 600 --label "$tag" | grep '^RESULT') || true
+        --seconds 600 --label "$tag" "${CLIENT_TLS[@]}" | grep '^RESULT') || true
     echo "$line" >>"$WORK/results.txt"
     [[ $line == *" status=ok "* ]] || die "pump_client: ${line:-no result}"
     frames=$(echo "$line" | sed -n 's/.* frames=\([0-9]*\).*/\1/p')
@@ -116,44 +202,116 @@ one_run() {
         kill -0 "$rb_pid" 2>/dev/null || break
         sleep 0.1
     done
-    kill -0 "$rb_pid" 2>/dev/null && die "rebound still running 60 s after SIGTERM"
+    kill -0 "$rb_pid" 2>/dev/null && die "$TARGET still running 60 s after SIGTERM"
     wait "$rb_pid" || rc=$?
     kill -TERM "$fake_pid" 2>/dev/null || true
     wait "$fake_pid" || true
     PIDS=()
-    [ "$rc" = 0 ] || { tail -n 20 "$WORK/rebound.$tag.log" >&2; die "rebound exited with $rc"; }
+    [ "$TARGET" = haproxy ] && [ "$rc" = 143 ] && rc=0
+    [ "$rc" = 0 ] || { tail -n 20 "$WORK/rebound.$tag.log" >&2; die "$TARGET exited with $rc"; }
     grep -q "($n messages) written" "$WORK/fake.$tag.log" ||
         die "fake_broker: $(cat "$WORK/fake.$tag.log")"
+    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) connections accepted.*/\1/p' "$WORK/fake.$tag.log")
     ir=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
     [ -n "$ir" ] || die "no totals line in $out"
     RUN_IR=$ir RUN_FRAMES=$frames
     RUN_MEM=$(callgrind_annotate --threshold=100 "$out" 2>/dev/null |
         awk '/:__mem(cpy|move)/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')
+    RUN_SET=$(callgrind_annotate --threshold=100 "$out" 2>/dev/null |
+        awk '/:__memset/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')
 }
 
-describe_rebound --binary
+# idle_run SECS TAG: rebound under callgrind with no client for SECS
+# seconds after it listens (only its readiness probe works); sets RUN_IR
+# and RUN_CONNS (the probes fake_broker accepted).
+idle_run() {
+    local secs=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i rc=0 cmd
+    local out=$WORK/cg.$tag.out
+    "$BUILD/bench/fake_broker" --listen 127.0.0.1:0 --timeout 900 "${FAKE_TLS[@]}" \
+        >"$WORK/fake.$tag.out" 2>"$WORK/fake.$tag.log" &
+    fake_pid=$!
+    PIDS+=("$fake_pid")
+    for ((i = 0; i < 100; i++)); do
+        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out")
+        [ -n "$fake_port" ] && break
+        sleep 0.1
+    done
+    [ -n "$fake_port" ] || die "fake_broker did not say where it listens"
+    rb_port=$(free_port)
+    cmd=$(proxy_cmd "$rb_port" "$fake_port" "$tag")
+    # shellcheck disable=SC2086 # split on spaces on purpose
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+        $cmd >"$WORK/rebound.$tag.log" 2>&1 &
+    rb_pid=$!
+    PIDS+=("$rb_pid")
+    for ((i = 0; i < 600; i++)); do
+        listening "$rb_port" && break
+        kill -0 "$rb_pid" 2>/dev/null || die "rebound exited"
+        sleep 0.1
+    done
+    sleep "$secs"
+    kill -TERM "$rb_pid"
+    for ((i = 0; i < 600; i++)); do
+        kill -0 "$rb_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    wait "$rb_pid" || rc=$?
+    kill -TERM "$fake_pid" 2>/dev/null || true
+    wait "$fake_pid" || true
+    PIDS=()
+    [ "$rc" = 0 ] || die "rebound exited with $rc"
+    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) connections accepted.*/\1/p' "$WORK/fake.$tag.log")
+    RUN_IR=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
+    [ -n "$RUN_IR" ] || die "no totals line in $out"
+}
+
+if [ "$TARGET" = haproxy ]; then
+    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -r), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+    echo "# measured: $(haproxy -v | head -n 1 | cut -d' ' -f1-3) ($(command -v haproxy)), TCP mode, nbthread 1"
+else
+    describe_rebound --binary
+fi
 echo "# $(valgrind --version), gcc $(gcc -dumpfullversion 2>/dev/null)"
+[ "$TLS" = 1 ] && echo "# TLS on both sides: pump_client -TLS-> $TARGET -TLS-> fake_broker ($(openssl version))"
 echo "# body $BODY B ($FRAMES_PER_MSG frames a message), N1 $N1, N2 $N2, $REPEAT run(s) each"
 : >"$WORK/results.txt"
-declare -A IRS MEMS
+declare -A IRS MEMS SETS CONNS
 for n in "$N1" "$N2"; do
     for ((r = 1; r <= REPEAT; r++)); do
         t0=$SECONDS
         one_run "$n" "$n.$r"
         IRS[$n]="${IRS[$n]:-} $RUN_IR"
         MEMS[$n]="${MEMS[$n]:-} $RUN_MEM"
-        echo "# run N=$n #$r: Ir $RUN_IR (memcpy/memmove $RUN_MEM), frames $RUN_FRAMES, $((SECONDS - t0)) s"
+        SETS[$n]="${SETS[$n]:-} $RUN_SET"
+        CONNS[$n]="${CONNS[$n]:-} $RUN_CONNS"
+        echo "# run N=$n #$r: Ir $RUN_IR (memcpy/memmove $RUN_MEM), frames $RUN_FRAMES, $((SECONDS - t0)) s${RUN_CONNS:+, fake_broker accepted $RUN_CONNS connection(s)}"
     done
 done
+PER_PROBE=
+if [ "$TLS" = 1 ] && [ "$TARGET" = rebound ]; then
+    idle_run 3 idle-short
+    ir_a=$RUN_IR c_a=$RUN_CONNS
+    idle_run 13 idle-long
+    echo "# rebound with no client: Ir $ir_a with $c_a probe(s), $RUN_IR with $RUN_CONNS"
+    [ "$RUN_CONNS" -gt "$c_a" ] && PER_PROBE=$(((RUN_IR - ir_a) / (RUN_CONNS - c_a)))
+    echo "# one readiness probe (TCP, TLS handshake, header, connection.start): ${PER_PROBE:-?} Ir"
+fi
 
 "$PY" - "$N1" "$N2" "$FRAMES_PER_MSG" "${IRS[$N1]}" "${IRS[$N2]}" \
-    "${MEMS[$N1]}" "${MEMS[$N2]}" <<'EOF'
+    "${MEMS[$N1]}" "${MEMS[$N2]}" "${SETS[$N1]}" "${SETS[$N2]}" "$TLS" \
+    "${CONNS[$N1]}" "${CONNS[$N2]}" "$PER_PROBE" <<'EOF'
 import statistics as st, sys
 n1, n2, fpm = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 ir1 = [int(x) for x in sys.argv[4].split()]
 ir2 = [int(x) for x in sys.argv[5].split()]
 mem1 = [int(x) for x in sys.argv[6].split()]
 mem2 = [int(x) for x in sys.argv[7].split()]
+set1 = [int(x) for x in sys.argv[8].split()]
+set2 = [int(x) for x in sys.argv[9].split()]
+tls = sys.argv[10] == "1"
+conns1 = [int(x) for x in sys.argv[11].split()]
+conns2 = [int(x) for x in sys.argv[12].split()]
+per_probe = int(sys.argv[13]) if sys.argv[13] else None
 def spread(v):
     if len(v) < 2:
         return "one run"
@@ -174,6 +332,20 @@ if len(ir1) > 1 and len(ir2) > 1:
     print(f"  from the extreme runs: {lo:.1f} .. {hi:.1f}")
 mem = (st.mean(mem2) - st.mean(mem1)) / (f2 - f1)
 print(f"  of which libc memcpy/memmove: {mem:.1f}; without them: {per - mem:.1f}")
+if tls:
+    mset = (st.mean(set2) - st.mean(set1)) / (f2 - f1)
+    print(f"  libc memset: {mset:.1f}; without memcpy/memmove/memset: {per - mem - mset:.1f}")
+if per_probe is not None:
+    probes = st.mean(conns2) - st.mean(conns1)  # each run: 1 session + its probes
+    corr = (m2 - m1 - probes * per_probe) / (f2 - f1)
+    print(f"Ir per forwarded frame without the readiness probes ({probes:+.1f} probes "
+          f"x {per_probe:,} Ir) = {corr:.1f}  (per message: {corr * fpm:.0f})")
+    if len(ir1) > 1 and len(ir2) > 1:
+        lo = min((b - a - (cb - ca) * per_probe) for b, cb in zip(ir2, conns2)
+                 for a, ca in zip(ir1, conns1)) / (f2 - f1)
+        hi = max((b - a - (cb - ca) * per_probe) for b, cb in zip(ir2, conns2)
+                 for a, ca in zip(ir1, conns1)) / (f2 - f1)
+        print(f"  from the extreme runs: {lo:.1f} .. {hi:.1f}")
 EOF
 
 echo
