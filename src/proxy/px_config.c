@@ -233,6 +233,15 @@ static int parse_PREFIX(px_config *c, const char *v) {
   return 0;
 }
 
+static int parse_TIMEOUT_OFF(px_config *c, const char *v) {
+  c->override.processing_timeout = true;
+  c->override.rule.processing_timeout_ms = 0;
+  if (strcmp(v, "off") == 0)
+    return 0;
+  return retry_delay_parse(v, strlen(v),
+                           &c->override.rule.processing_timeout_ms);
+}
+
 static int parse_ATTEMPTS(px_config *c, const char *v) {
   char *end;
   long n = strtol(v, &end, 10);
@@ -292,6 +301,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
   ((c)->override.backoff = true,                                               \
    px_parse_backoff(v, &(c)->override.rule.backoff))
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
+#define PARSE_TIMEOUT_OFF(c, field, v) parse_TIMEOUT_OFF(c, v)
 #define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
 #define PARSE_QUEUE_TYPE(c, field, v) parse_QUEUE_TYPE(c, v)
 #define PARSE_CONN_MODE(c, field, v) parse_CONN_MODE(&(c)->field, v)
@@ -317,6 +327,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define EXPECT_BACKOFF                                                         \
   "off or 'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' (any of "     \
   "them)"
+#define EXPECT_TIMEOUT_OFF "off or a delay like 30s, 5m (at most 24h)"
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
 #define EXPECT_QUEUE_TYPE "auto, quorum or classic"
@@ -374,6 +385,9 @@ static const char *expected(const char *flag) {
 static void apply_override(px_config *c) {
   for (unsigned i = 0; c->override.queue_type && i < c->retry.nrules; i++)
     c->rules[i].queue_type = c->override.rule.queue_type;
+  for (unsigned i = 0; c->override.processing_timeout && i < c->retry.nrules;
+       i++)
+    c->rules[i].processing_timeout_ms = c->override.rule.processing_timeout_ms;
   if (!c->override.tiers && !c->override.queues && !c->override.max_attempts &&
       !c->override.backoff)
     return;
@@ -404,6 +418,8 @@ static void apply_override(px_config *c) {
     r.max_attempts = c->override.rule.max_attempts;
   if (c->override.queue_type)
     r.queue_type = c->override.rule.queue_type;
+  if (c->override.processing_timeout)
+    r.processing_timeout_ms = c->override.rule.processing_timeout_ms;
   c->rules[0] = r;
   c->retry.nrules = 1;
 }

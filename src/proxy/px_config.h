@@ -51,6 +51,7 @@ typedef struct px_config {
   uint32_t retry_finish_timeout_ms;
   uint32_t retry_confirm_timeout_ms;
   uint32_t policy_check_after_ms;
+  uint32_t stuck_after_ms;
   uint32_t max_connections; /* 0: auto, what the fd limit allows */
   uint64_t cache_per_connection;
   uint64_t cache_total;
@@ -66,7 +67,7 @@ typedef struct px_config {
   /* retry settings given by flag or env replace the file's rules with one
    * rule: the file's first (or the default) with these fields changed */
   struct {
-    bool tiers, queues, max_attempts, queue_type, backoff;
+    bool tiers, queues, max_attempts, queue_type, backoff, processing_timeout;
     retry_rule rule;
   } override;
 } px_config;
@@ -146,6 +147,9 @@ typedef struct px_config {
     "after start (or a reload), log once each policy that matched no queue "   \
     "and each queue whose policy cannot act (no-ack, every requeue fell "      \
     "back)")                                                                   \
+  X(stuck_after_ms, "stuck-after", "REBOUND_STUCK_AFTER", "stuck_after",       \
+    DURATION, "5m",                                                            \
+    "a delivery unsettled for longer counts as stuck (metrics, /v1/queues)")   \
   X(cache_per_connection, "cache-per-connection",                              \
     "REBOUND_CACHE_PER_CONNECTION", "cache_per_connection", SIZE, "8MiB",      \
     "deliveries kept for retry, per connection (over it: pass-through)")       \
@@ -161,6 +165,11 @@ typedef struct px_config {
     NULL,                                                                      \
     "exponential backoff with jitter instead of a tier list: "                 \
     "'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' or off")           \
+  X(processing_timeout, "processing-timeout", "REBOUND_PROCESSING_TIMEOUT",    \
+    NULL, TIMEOUT_OFF, NULL,                                                   \
+    "every policy: a delivery unsettled this long is a failed attempt (its "   \
+    "copy goes to the tier, the client's late ack or nack is swallowed); "     \
+    "off by default")                                                          \
   X(max_attempts, "max-attempts", "REBOUND_MAX_ATTEMPTS", NULL, ATTEMPTS,      \
     NULL, "deliveries before dead-lettering (default 4)")                      \
   X(retry_queue_type, "retry-queue-type", "REBOUND_RETRY_QUEUE_TYPE", NULL,    \

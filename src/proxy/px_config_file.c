@@ -135,60 +135,87 @@ static int load_backoff(loader *l, yaml_node_t *n, retry_rule *r) {
   return 0;
 }
 
+/* The scalar keys of a policy: 1 (not one of them), 0, or -1 (failed). */
+static int policy_scalar(loader *l, const char *key, yaml_node_t *v,
+                         retry_rule *r) {
+  const char *s = scalar(v);
+  char *end;
+  if (strcmp(key, "max_attempts") == 0) {
+    long m = s ? strtol(s, &end, 10) : 0;
+    if (!s || *end || m < 1 || m > 1000000)
+      return fail(l, v, "max_attempts: expected a whole number >= 1");
+    r->max_attempts = (uint32_t)m;
+  } else if (strcmp(key, "dead_letter") == 0) {
+    if (!s || !*s || strlen(s) > RETRY_NAME_MAX)
+      return fail(l, v, "dead_letter: expected a queue name pattern");
+    strcpy(r->dead_letter, s);
+  } else if (strcmp(key, "processing_timeout") == 0) {
+    r->processing_timeout_ms = 0;
+    if (!s || (strcmp(s, "off") != 0 &&
+               retry_delay_parse(s, strlen(s), &r->processing_timeout_ms)))
+      return fail(l, v,
+                  "processing_timeout: expected off or a delay like 30s, "
+                  "5m (at most 24h)");
+  } else if (strcmp(key, "queue_type") == 0) {
+    if (!s || retry_queue_type_parse(s, strlen(s), &r->queue_type) != 0)
+      return fail(l, v, "queue_type: expected auto, quorum or classic");
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* The keys given (queues, tiers), for the checks of the whole policy. */
+typedef struct policy_seen {
+  bool queues, tiers;
+} policy_seen;
+
+static int policy_key(loader *l, yaml_node_t *k, yaml_node_t *v, retry_rule *r,
+                      policy_seen *seen) {
+  char buf[4096];
+  const char *key = scalar(k);
+  if (!key)
+    return fail(l, k, "expected a key");
+  if (strcmp(key, "queues") == 0) {
+    seen->queues = true;
+    if (joined(l, v, buf, sizeof buf) || l->keys->parse_globs(buf, r))
+      return fail(l, v, "queues: expected a list of up to %d globs",
+                  RETRY_MAX_GLOBS);
+  } else if (strcmp(key, "tiers") == 0) {
+    seen->tiers = true;
+    if (joined(l, v, buf, sizeof buf) || l->keys->parse_tiers(buf, r))
+      return fail(l, v,
+                  "tiers: expected up to %d delays like 500ms, 1s, 2m, 1h "
+                  "(each at most 24h)",
+                  RETRY_MAX_TIERS);
+  } else if (strcmp(key, "backoff") == 0) {
+    return load_backoff(l, v, r);
+  } else {
+    int rc = policy_scalar(l, key, v, r);
+    if (rc <= 0)
+      return rc;
+    return fail(l, k,
+                "unknown policy key '%s' (queues, tiers, backoff, "
+                "max_attempts, dead_letter, queue_type, processing_timeout)",
+                key);
+  }
+  return 0;
+}
+
 static int load_policy(loader *l, yaml_node_t *n, retry_rule *r) {
-  char buf[4096], why[256];
-  bool has_queues = false, has_tiers = false;
+  char why[256];
+  policy_seen seen = {false, false};
   if (n->type != YAML_MAPPING_NODE)
     return fail(l, n, "a policy is a mapping (queues, tiers, ...)");
   retry_rule_default(r);
   for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
-       p < n->data.mapping.pairs.top; p++) {
-    yaml_node_t *k = yaml_document_get_node(&l->doc, p->key);
-    yaml_node_t *v = yaml_document_get_node(&l->doc, p->value);
-    const char *key = scalar(k);
-    if (!key)
-      return fail(l, k, "expected a key");
-    if (strcmp(key, "queues") == 0) {
-      if (joined(l, v, buf, sizeof buf) || l->keys->parse_globs(buf, r))
-        return fail(l, v, "queues: expected a list of up to %d globs",
-                    RETRY_MAX_GLOBS);
-      has_queues = true;
-    } else if (strcmp(key, "tiers") == 0) {
-      if (joined(l, v, buf, sizeof buf) || l->keys->parse_tiers(buf, r))
-        return fail(l, v,
-                    "tiers: expected up to %d delays like 500ms, 1s, 2m, 1h "
-                    "(each at most 24h)",
-                    RETRY_MAX_TIERS);
-      has_tiers = true;
-    } else if (strcmp(key, "backoff") == 0) {
-      if (load_backoff(l, v, r))
-        return -1;
-    } else if (strcmp(key, "max_attempts") == 0) {
-      const char *s = scalar(v);
-      char *end;
-      long m = s ? strtol(s, &end, 10) : 0;
-      if (!s || *end || m < 1 || m > 1000000)
-        return fail(l, v, "max_attempts: expected a whole number >= 1");
-      r->max_attempts = (uint32_t)m;
-    } else if (strcmp(key, "dead_letter") == 0) {
-      const char *s = scalar(v);
-      if (!s || !*s || strlen(s) > RETRY_NAME_MAX)
-        return fail(l, v, "dead_letter: expected a queue name pattern");
-      strcpy(r->dead_letter, s);
-    } else if (strcmp(key, "queue_type") == 0) {
-      const char *s = scalar(v);
-      if (!s || retry_queue_type_parse(s, strlen(s), &r->queue_type) != 0)
-        return fail(l, v, "queue_type: expected auto, quorum or classic");
-    } else {
-      return fail(l, k,
-                  "unknown policy key '%s' (queues, tiers, backoff, "
-                  "max_attempts, dead_letter, queue_type)",
-                  key);
-    }
-  }
-  if (!has_queues)
+       p < n->data.mapping.pairs.top; p++)
+    if (policy_key(l, yaml_document_get_node(&l->doc, p->key),
+                   yaml_document_get_node(&l->doc, p->value), r, &seen))
+      return -1;
+  if (!seen.queues)
     return fail(l, n, "a policy needs 'queues'");
-  if (has_tiers && r->backoff.initial_ms)
+  if (seen.tiers && r->backoff.initial_ms)
     return fail(l, n, "a policy has either 'tiers' or 'backoff', not both");
   if (retry_rule_compile(r, why, sizeof why) != 0)
     return fail(l, n, "%s", why);

@@ -335,6 +335,8 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
   case AMQP_BASIC_NACK:
   case AMQP_BASIC_REJECT: {
     int act = decode_or_close(s, f, id, &m);
+    if (act == PX_FORWARD && c->track.nexpired)
+      act = px_retry_late_settle(s, c, &m);
     if (act != PX_FORWARD)
       return act;
     bool requeue = id == AMQP_BASIC_NACK
@@ -346,9 +348,18 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
       px_own_want(s);
     return PX_FORWARD;
   }
+  case AMQP_BASIC_ACK:
+    if (c->track.nexpired) {
+      int act = decode_or_close(s, f, id, &m);
+      if (act == PX_FORWARD)
+        act = px_retry_late_settle(s, c, &m);
+      if (act == PX_FORWARD && px_track_client_method(s, c, &m))
+        px_own_want(s);
+      return act;
+    }
+    /* fall through */
   case AMQP_BASIC_CONSUME:
   case AMQP_BASIC_GET:
-  case AMQP_BASIC_ACK:
   case AMQP_BASIC_RECOVER:
   case AMQP_BASIC_RECOVER_ASYNC: {
     int act = decode_or_close(s, f, id, &m);

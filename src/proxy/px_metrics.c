@@ -10,6 +10,7 @@
 #include "px_server.h"
 #include "px_session.h"
 #include "px_tls.h"
+#include "px_view.h"
 #include "retry_policy.h"
 
 /* X(px_stats field, name, type, help) */
@@ -57,7 +58,15 @@
   X(retry_connection_failures, "rebound_retry_connection_failures_total",      \
     "counter",                                                                 \
     "Separate retry connections that could not log in (copies then go on "     \
-    "the client's connection)")
+    "the client's connection)")                                                \
+  X(processing_timeouts, "rebound_processing_timeouts_total", "counter",       \
+    "Deliveries unsettled past their policy's processing_timeout, copied "     \
+    "and acked by rebound")                                                    \
+  X(late_settles_swallowed, "rebound_late_settles_swallowed_total", "counter", \
+    "Client acks, nacks and rejects of timed-out deliveries, not passed on")   \
+  X(consumer_lost, "rebound_consumer_lost_total", "counter",                   \
+    "Deliveries counted as a failed attempt because their consumer went "      \
+    "without settling them")
 
 /* A label value in the exposition format: backslash, quote, newline
  * escaped. */
@@ -198,6 +207,56 @@ static void render_tls(px_server *srv, px_admin_response *r) {
   }
 }
 
+/* Unsettled deliveries per queue label: how many, the age of the oldest,
+ * and how many are older than --stuck-after. */
+static void render_unsettled(px_server *srv, px_admin_response *r) {
+  px_view_unsettled per[PX_METRICS_MAX_QUEUES + 1];
+  uint64_t now_us = uv_hrtime() / 1000;
+  px_view_scan(srv, per, PX_METRICS_MAX_QUEUES + 1, NULL, 0);
+  static const char *const names[] = {"rebound_unsettled_deliveries",
+                                      "rebound_unsettled_oldest_seconds",
+                                      "rebound_unsettled_stuck"};
+  static const char *const helps[] = {
+      "Deliveries their consumers have not settled yet, by queue",
+      "Age of the oldest delivery not settled yet, by queue",
+      "Deliveries unsettled for longer than --stuck-after, by queue"};
+  for (int k = 0; k < 3; k++) {
+    head(r, names[k], "gauge", helps[k]);
+    for (uint32_t q = 0; q <= PX_METRICS_MAX_QUEUES; q++) {
+      if (!per[q].n)
+        continue;
+      px_admin_printf(r, "%s{", names[k]);
+      put_label(r, "queue", px_metrics_queue_label(srv, (int)q));
+      if (k == 1)
+        px_admin_printf(r, "} %.3f\n",
+                        (double)(now_us - per[q].oldest_us) / 1e6);
+      else
+        px_admin_printf(r, "} %u\n", k == 0 ? per[q].n : per[q].stuck);
+    }
+  }
+}
+
+static void render_admin(px_server *srv, px_admin_response *r) {
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } admin[] = {
+      {"rebound_admin_requests_total", "Requests to the admin endpoint",
+       srv->admin.stats.requests},
+      {"rebound_admin_connections_refused_total",
+       "Admin connections refused at the cap (none idle to close)",
+       srv->admin.stats.conns_refused},
+      {"rebound_admin_connections_evicted_total",
+       "Idle admin keep-alive connections closed to make room at the cap",
+       srv->admin.stats.conns_evicted},
+  };
+  for (size_t i = 0; i < sizeof admin / sizeof admin[0]; i++) {
+    head(r, admin[i].name, "counter", admin[i].help);
+    px_admin_printf(r, "%s %llu\n", admin[i].name,
+                    (unsigned long long)admin[i].v);
+  }
+}
+
 void px_metrics_render(px_server *srv, px_admin_response *r) {
   const px_stats *st = &srv->stats;
   unsigned upstream = 0, pending = 0, delayed = 0, blocked = 0, pubs = 0;
@@ -230,6 +289,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         "Separate connections for retry copies, logged in", pubs);
   render_labelled(srv, r);
   render_histograms(srv, r);
+  render_unsettled(srv, r);
   render_tls(srv, r);
   gauge(r, "rebound_ready", "1 when /readyz answers ready",
         px_server_ready(srv));
@@ -239,22 +299,5 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
         (double)open_fds());
   gauge(r, "rebound_uptime_seconds", "Seconds since start",
         (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
-  const struct {
-    const char *name, *help;
-    uint64_t v;
-  } admin[] = {
-      {"rebound_admin_requests_total", "Requests to the admin endpoint",
-       srv->admin.stats.requests},
-      {"rebound_admin_connections_refused_total",
-       "Admin connections refused at the cap (none idle to close)",
-       srv->admin.stats.conns_refused},
-      {"rebound_admin_connections_evicted_total",
-       "Idle admin keep-alive connections closed to make room at the cap",
-       srv->admin.stats.conns_evicted},
-  };
-  for (size_t i = 0; i < sizeof admin / sizeof admin[0]; i++) {
-    head(r, admin[i].name, "counter", admin[i].help);
-    px_admin_printf(r, "%s %llu\n", admin[i].name,
-                    (unsigned long long)admin[i].v);
-  }
+  render_admin(srv, r);
 }

@@ -23,6 +23,12 @@
   X(RETRIED, "retried", "copies confirmed into a delay tier")                  \
   X(DEAD_LETTERED, "dead_lettered",                                            \
     "copies confirmed into the dead-letter queue")                             \
+  X(TIMED_OUT, "timed_out",                                                    \
+    "deliveries unsettled past the policy's processing_timeout: copied to "    \
+    "the tier and acked by rebound")                                           \
+  X(CONSUMER_LOST, "consumer_lost",                                            \
+    "deliveries counted as failed when their consumer went without "           \
+    "settling them (README, \"Consumers that crash\")")                        \
   X(REQUEUED, "requeued",                                                      \
     "requeues sent to the broker as the client's (no policy, or the retry "    \
     "could not happen)")

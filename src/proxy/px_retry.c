@@ -59,6 +59,9 @@ typedef struct px_retry_op {
   char tier[16];                  /* "1s", for metrics */
   uint64_t refused_ms;            /* when the broker first nacked a copy of this
                                      delivery (the loop's clock; 0: never) */
+  bool timeout; /* made for a processing timeout: the client keeps the
+                   delivery if it fails, and its late settle is swallowed
+                   once it is confirmed */
 } px_retry_op;
 
 /* A requeue held back until `due_ms` (the loop's clock). */
@@ -75,6 +78,7 @@ typedef struct px_defer {
   bool again;      /* parked: a republish (px_retry_op.again) */
   const char *why; /* static: the metric's label when it is sent */
   uint64_t refused_ms; /* as px_retry_op.refused_ms */
+  bool timeout;        /* parked: as px_retry_op.timeout */
 } px_defer;
 
 /* Reasons a copy failed that a later copy may not meet: it was not
@@ -447,6 +451,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->refused_ms = s->next_refused_ms;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->reason = reason;
+  op->timeout = s->next_timeout;
   memcpy(op->target, plan->target, plan->target_len + 1);
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
@@ -551,8 +556,17 @@ static int park(px_session *s, const px_chan *c, const px_delivery *d,
   if (px_ring_reserve(&s->parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return -1;
   *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
-      (px_defer){0,     d->tag, c->client_ch,  c->gen, is_reject,
-                 false, true,   s->next_again, NULL,   s->next_refused_ms};
+      (px_defer){0,
+                 d->tag,
+                 c->client_ch,
+                 c->gen,
+                 is_reject,
+                 false,
+                 true,
+                 s->next_again,
+                 NULL,
+                 s->next_refused_ms,
+                 s->next_timeout};
   return 0;
 }
 
@@ -561,6 +575,18 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
 
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject);
+
+/* A processing timeout's copy that could not be made: the client keeps
+ * the delivery (rebound never settles what the client still holds), and
+ * no further timeout is tried for it. */
+static void timeout_abandoned(px_session *s, px_chan *c, px_delivery *d,
+                              const char *why) {
+  d->state = PX_DL_CACHED;
+  d->flags |= PX_DLF_TIMEOUT_FAILED;
+  px_warn("processing_timeout_failed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", c->client_ch), PX_U("delivery_tag", d->tag),
+          PX_S("reason", why), PX_S("action", "left with the client"));
+}
 
 /* A parked copy's delivery, no longer retrying (NULL when its channel
  * went), and its channel in *cp. */
@@ -591,10 +617,14 @@ static void unpark(px_session *s) {
       continue; /* the channel went: the broker requeued it */
     s->next_again = f->again;
     s->next_refused_ms = f->refused_ms;
+    s->next_timeout = f->timeout;
     const char *why = try_retry(s, c, d, f->is_reject);
     s->next_again = false;
     s->next_refused_ms = 0;
-    if (why)
+    s->next_timeout = false;
+    if (why && f->timeout)
+      timeout_abandoned(s, c, d, why);
+    else if (why)
       requeue_or_defer(s, c, d, f->is_reject, false, why);
     if (c->track.retries_pending == 0 && c->track.defers_pending == 0)
       px_life_release_held(s, c);
@@ -620,10 +650,173 @@ static void unpark_to_defers(px_session *s) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
-    if (d)
+    if (d && f->timeout)
+      timeout_abandoned(s, c, d, WHY_DISCARDED);
+    else if (d)
       requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
   }
   px_ring_free(&todo);
+}
+
+/* ---- processing timeouts --------------------------------------------------
+ */
+
+/* Start the copy of a delivery held past its policy's processing_timeout:
+ * the retry path, as if the client had nacked it, except that a failure
+ * leaves it with the client. */
+static void time_out(px_session *s, px_chan *c, px_delivery *d) {
+  s->next_timeout = true;
+  const char *why = try_retry(s, c, d, false);
+  s->next_timeout = false;
+  if (why) {
+    timeout_abandoned(s, c, d, why);
+    return;
+  }
+  c->held = true; /* the client's later frames wait for the copy's ack */
+}
+
+/* The channel's deliveries past their timeout, oldest first; the scan
+ * stops at the first younger than `shortest` (tags, and so times, grow). */
+static void channel_timeouts(px_session *s, px_chan *c, uint64_t now_us,
+                             uint64_t shortest_us) {
+  px_track *t = &c->track;
+  for (uint32_t i = 0; i < t->dl.r.n; i++) {
+    px_delivery *d = px_dl_at(t, i);
+    uint64_t age = now_us - d->delivered_us;
+    if (age < shortest_us)
+      return;
+    const retry_rule *rule =
+        d->state == PX_DL_CACHED && !(d->flags & PX_DLF_TIMEOUT_FAILED)
+            ? delivery_rule(s, d)
+            : NULL;
+    if (rule && rule->processing_timeout_ms &&
+        age >= (uint64_t)rule->processing_timeout_ms * 1000)
+      time_out(s, c, d);
+  }
+}
+
+void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
+  const px_tab *tab = &s->by_client;
+  uint64_t now = now_us();
+  if (!shortest_ms || !px_life_is_open(s) || s->own_state != PX_OWN_READY ||
+      s->own_blocked)
+    return;
+  for (uint32_t b = 0; b < tab->nblocks; b++)
+    for (uint32_t i = 0; tab->blocks[b] && i < 64; i++) {
+      px_chan *c = tab->blocks[b][i];
+      if (c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost)
+        channel_timeouts(s, c, now, (uint64_t)shortest_ms * 1000);
+    }
+}
+
+/* ---- consumers lost ------------------------------------------------------
+ */
+
+/* The delivery a lost consumer was working on: the oldest it had not
+ * settled (consumers take deliveries in order), of a queue with a policy,
+ * and one the broker had delivered before (so a first loss, as in a plain
+ * restart, is never counted). NULL when there is none. */
+static px_delivery *lost_in_hand(px_session *s, px_chan *c) {
+  px_track *t = &c->track;
+  for (uint32_t i = 0; i < t->dl.r.n; i++) {
+    px_delivery *d = px_dl_at(t, i);
+    if (d->state == PX_DL_GONE)
+      continue;
+    bool counts = d->state == PX_DL_CACHED && (d->flags & PX_DLF_REDELIVERED) &&
+                  delivery_rule(s, d);
+    return counts ? d : NULL;
+  }
+  return NULL;
+}
+
+static void lost_scan(px_session *s) {
+  const px_tab *tab = &s->by_client;
+  for (uint32_t b = 0; b < tab->nblocks; b++)
+    for (uint32_t i = 0; tab->blocks[b] && i < 64; i++) {
+      px_chan *c = tab->blocks[b][i];
+      px_delivery *d = c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost
+                           ? lost_in_hand(s, c)
+                           : NULL;
+      if (!d)
+        continue;
+      px_queue_count(s->srv, d->qid, PX_QC_CONSUMER_LOST);
+      s->srv->stats.consumer_lost++;
+      s->next_lost = true;
+      const char *why = try_retry(s, c, d, false);
+      s->next_lost = false;
+      px_info("consumer_lost", PX_U("id", s->id), PX_S("peer", s->peer),
+              PX_S("queue", px_dl_queue(d)), PX_U("channel", c->client_ch),
+              PX_U("delivery_tag", d->tag),
+              PX_S("action", why ? why : "counted as a failed attempt"));
+    }
+}
+
+void px_retry_consumer_lost(px_session *s) {
+  if (s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING)
+    s->lost_waiting = true; /* px_retry_own_ready() scans */
+  else if (s->own_state == PX_OWN_READY && !s->own_blocked)
+    lost_scan(s);
+  /* else the broker requeues them, uncounted, as it always did */
+}
+
+/* A client's settle of deliveries rebound acked for a timeout. */
+static void swallowed(px_session *s, px_chan *c, uint64_t tag, uint32_t n) {
+  s->srv->stats.late_settles_swallowed += n;
+  if (s->late_settle_logged || !n)
+    return;
+  s->late_settle_logged = true;
+  px_info("late_settle_swallowed", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", c->client_ch), PX_U("delivery_tag", tag),
+          PX_S("reason", "rebound acked it at its processing timeout; "
+                         "logged once per connection"));
+}
+
+/* A multiple settle whose tag rebound acked, rewritten to the newest
+ * delivery below it: sent as that, or through the requeue path. */
+static int settle_below(px_session *s, px_chan *c, amqp_method *m,
+                        uint64_t orig) {
+  bool requeue =
+      m->id == AMQP_BASIC_NACK && m->args[AMQP_F_BASIC_NACK_REQUEUE].u;
+  int act = PX_FORWARD;
+  if (requeue)
+    act = c->tx ? px_retry_requeue_tx(s, c, m) : px_retry_requeue(s, c, m);
+  else
+    px_track_client_method(s, c, m);
+  if (act == PX_HOLD) /* replayed later: rewritten again then */
+    return px_track_expired_add(c, orig) == 0 ? PX_HOLD : PX_DROP;
+  if (act == PX_FORWARD) {
+    px_out_status st = px_out_method(&s->out, &s->upstream, c->up_ch, m);
+    (void)st; /* a failure is kept: the session closes over it */
+    return PX_DROP;
+  }
+  return act;
+}
+
+int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m) {
+  amqp_arg *a = m->args;
+  bool ack = m->id == AMQP_BASIC_ACK, reject = m->id == AMQP_BASIC_REJECT;
+  amqp_arg *tag = &a[ack      ? AMQP_F_BASIC_ACK_DELIVERY_TAG
+                     : reject ? AMQP_F_BASIC_REJECT_DELIVERY_TAG
+                              : AMQP_F_BASIC_NACK_DELIVERY_TAG];
+  bool multiple =
+      !reject &&
+      a[ack ? AMQP_F_BASIC_ACK_MULTIPLE : AMQP_F_BASIC_NACK_MULTIPLE].u;
+  if (!multiple) {
+    if (!px_track_expired_drop(c, tag->u, false))
+      return PX_FORWARD;
+    swallowed(s, c, tag->u, 1);
+    return PX_DROP;
+  }
+  if (tag->u == 0 || !px_track_expired_has(c, tag->u)) {
+    px_track_expired_drop(c, tag->u, true); /* covered, none is the tag */
+    return PX_FORWARD;
+  }
+  uint64_t orig = tag->u, below = px_track_below(c, orig);
+  swallowed(s, c, orig, px_track_expired_drop(c, orig, true));
+  if (!below)
+    return PX_DROP; /* it covered only timed-out deliveries */
+  tag->u = below;
+  return settle_below(s, c, m, orig);
 }
 
 /* A random value for a backoff's jitter bucket: xorshift64*, seeded from
@@ -636,6 +829,13 @@ static uint32_t jitter_draw(void) {
   x ^= x << 25;
   x ^= x >> 27;
   return (uint32_t)((x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+/* Why the delivery failed, for a dead-letter copy's reason. */
+static const char *failure_reason(const px_session *s) {
+  return s->next_lost      ? "consumer-lost"
+         : s->next_timeout ? "processing-timeout"
+                           : "max-attempts";
 }
 
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
@@ -674,7 +874,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return NULL;
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
-  int rc = start_copy(s, c, d, &h, &plan, is_reject, "max-attempts",
+  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(s),
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
@@ -1038,6 +1238,19 @@ static bool republish(px_session *s, px_chan *c, px_delivery *d,
   return true;
 }
 
+/* rebound acked a delivery the client still holds: counted, logged. */
+static void timed_out(px_session *s, px_chan *c, const px_retry_op *op) {
+  const px_delivery *d = px_track_find(c, op->tag);
+  s->srv->stats.processing_timeouts++;
+  if (d)
+    px_queue_count(s->srv, d->qid, PX_QC_TIMED_OUT);
+  px_info("processing_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("queue", op->queue), PX_U("channel", op->client_ch),
+          PX_U("delivery_tag", op->tag), PX_S("target", op->target),
+          PX_S("action", "copy confirmed, original acked; the client's "
+                         "settle of it will be swallowed"));
+}
+
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
   uint64_t us = now_us() - op->started_us;
@@ -1048,9 +1261,15 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
             PX_S("reason", "channel closed; the broker requeued the delivery"));
     return;
   }
+  if (ok && op->timeout && px_track_expired_add(c, op->tag) != 0) {
+    ok = false; /* its settle could not be swallowed: not acked here */
+    why = "too many timed-out deliveries on the channel";
+  }
   if (ok) {
     if (!emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false))
       return;
+    if (op->timeout)
+      timed_out(s, c, op);
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
     const px_delivery *d = px_track_find(c, op->tag);
     px_queue_count(s->srv, d ? d->qid : px_metrics_queue(s->srv, op->queue),
@@ -1068,6 +1287,10 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
                PX_S("target", op->target), PX_U("latency_us", us));
     }
     px_track_settle(s, c, op->tag, false);
+  } else if (op->timeout) {
+    px_delivery *d = px_track_find(c, op->tag);
+    if (d)
+      timeout_abandoned(s, c, d, why);
   } else {
     px_delivery *d = px_track_find(c, op->tag);
     if (d)
@@ -1309,7 +1532,7 @@ bool px_retry_busy(const px_session *s) {
   bool opening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
   return s->ops.n > 0 || s->parked.n > 0 ||
-         (opening && (s->n_own_waiters || s->defers.n));
+         (opening && (s->n_own_waiters || s->defers.n || s->lost_waiting));
 }
 
 /* rebound's channel is ready (again): requeues held back for it get their
@@ -1317,6 +1540,10 @@ bool px_retry_busy(const px_session *s) {
 void px_retry_own_ready(px_session *s) {
   if (s->ops.n == 0)
     unpark(s);
+  if (s->lost_waiting && !s->own_blocked) {
+    s->lost_waiting = false;
+    lost_scan(s);
+  }
   for (uint32_t i = 0;
        i < s->defers.n && s->own_state == PX_OWN_READY && !s->own_blocked;) {
     px_defer f = *defer_at(s, i);

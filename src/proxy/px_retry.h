@@ -22,6 +22,24 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m);
  * is (no intercepted delivery). */
 int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
 
+/* Copy every delivery held past its policy's processing_timeout (the
+ * retry path; the original is acked once the copy is confirmed).
+ * `shortest_ms`: the shortest timeout of any policy (0: none). */
+void px_retry_timeouts(px_session *s, uint32_t shortest_ms);
+/* A client's ack, nack or reject on a channel with timed-out deliveries
+ * (px_track.nexpired): PX_FORWARD (it names none of them: go on as
+ * usual), else what became of it: swallowed (PX_DROP, counted), or, for a
+ * multiple settle whose tag is one of them, sent for the newest delivery
+ * below that tag instead (PX_DROP, or the requeue path's answer). */
+int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m);
+
+/* The client went without closing (hang-up, reset, a failed write) while
+ * the broker's side is open: on each channel, the delivery its consumer was
+ * working on, if the broker had delivered it before, becomes a failed
+ * attempt (reason consumer-lost); its copy is finished, like any in
+ * flight, before the upstream connection is closed. */
+void px_retry_consumer_lost(px_session *s);
+
 /* Events of rebound's channel (px_own.c raises them through the session's
  * hooks): a confirm of copies up to `seq`, a returned copy, the channel
  * lost (true when the close only showed a queue's type: it reopens at

@@ -230,8 +230,13 @@ static void on_probe_timer(uv_timer_t *t) {
 
 static void on_janitor(uv_timer_t *t) {
   px_server *srv = t->data;
-  if (!srv->draining && !srv->stopped)
-    px_view_check(srv);
+  if (srv->draining || srv->stopped)
+    return;
+  px_view_check(srv);
+  for (px_session *s = srv->sessions, *next; s; s = next) {
+    next = px_session_next(s);
+    px_session_tick(s, srv->shortest_timeout_ms);
+  }
 }
 
 /* ---- admin endpoint ------------------------------------------------------ */
@@ -474,6 +479,12 @@ static void new_policies(px_server *srv) {
   px_queues *qs = &srv->metrics.queues;
   srv->cfg_since_ms = uv_now(srv->loop);
   memset(srv->policy_logged, 0, sizeof srv->policy_logged);
+  srv->shortest_timeout_ms = 0;
+  for (unsigned i = 0; i < srv->cfg->retry.nrules; i++) {
+    uint32_t t = srv->cfg->retry.rules[i].processing_timeout_ms;
+    if (t && (!srv->shortest_timeout_ms || t < srv->shortest_timeout_ms))
+      srv->shortest_timeout_ms = t;
+  }
   for (uint32_t i = 0; i < qs->n; i++)
     qs->q[i].logged = 0;
 }

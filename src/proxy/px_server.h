@@ -47,11 +47,14 @@ typedef struct px_stats {
                                          channel's connection */
   uint64_t retry_connections_total;   /* separate retry connections opened */
   uint64_t retry_connection_failures; /* ... that could not log in */
+  uint64_t processing_timeouts;       /* deliveries rebound acked for it */
+  uint64_t late_settles_swallowed;    /* client settles of those */
+  uint64_t consumer_lost;             /* deliveries counted for it */
 } px_stats;
 
 #define PX_HIST_BUCKETS 13
 #define PX_LOG_LIMIT_MS 10000
-#define PX_JANITOR_MS 1000 /* periodic checks (px_view_check) */
+#define PX_JANITOR_MS 250 /* periodic checks and processing timeouts */
 
 typedef struct px_hist {
   uint64_t buckets[PX_HIST_BUCKETS]; /* cumulative, see px_metrics.c */
@@ -102,7 +105,8 @@ typedef struct px_server {
   uint32_t cfg_gen;
   uint64_t cfg_since_ms; /* loop time of the start, or the last reload */
   bool policy_logged[PX_MAX_RULES]; /* unmatched, logged (px_view.c) */
-  uv_timer_t janitor_timer;         /* px_view_check, every second */
+  uv_timer_t janitor_timer;         /* px_view_check, processing timeouts */
+  uint32_t shortest_timeout_ms;     /* of any policy (0: none) */
   uv_timer_t drain_timer;
   struct px_session *sessions; /* doubly linked */
   /* a session was freed (px_server_start() sets it; NULL: nothing to do) */

@@ -151,6 +151,8 @@ static void client_stop_writing(px_session *s) {
  * (or no broker to finish it with). */
 static bool client_gone_finish(px_session *s, bool write_failed) {
   bool gone = s->phase == PX_PHASE_CLIENT_GONE;
+  if (!gone && s->upstream.connected && px_life_is_open(s))
+    px_retry_consumer_lost(s);
   if (!px_retry_busy(s) || !s->upstream.connected || gone)
     return gone;
   px_conn_stop_reading(&s->client);
@@ -999,6 +1001,40 @@ void px_session_snapshot(const px_session *s, px_session_snap *out) {
   memcpy(out->peer, s->peer, sizeof out->peer);
   memcpy(out->user, s->user, sizeof out->user);
   memcpy(out->vhost, s->vhost, sizeof out->vhost);
+}
+
+static void chan_unsettled(const px_session *s, const px_chan *c,
+                           void (*fn)(void *, const px_unsettled *),
+                           void *arg) {
+  px_unsettled u = {
+      .session_id = s->id, .peer = s->peer, .channel = c->client_ch};
+  for (uint32_t i = 0; i < c->track.dl.r.n; i++) {
+    const px_delivery *d = px_dl_at(&c->track, i);
+    if (d->state == PX_DL_GONE)
+      continue;
+    u.tag = d->tag;
+    u.qid = d->qid;
+    u.delivered_us = d->delivered_us;
+    u.consumer_tag = px_track_consumer_tag(c, d);
+    fn(arg, &u);
+  }
+}
+
+void px_session_unsettled(const px_session *s,
+                          void (*fn)(void *arg, const px_unsettled *u),
+                          void *arg) {
+  const px_tab *t = &s->by_client;
+  for (uint32_t b = 0; b < t->nblocks; b++)
+    for (uint32_t i = 0; t->blocks[b] && i < 64; i++)
+      if (t->blocks[b][i])
+        chan_unsettled(s, t->blocks[b][i], fn, arg);
+}
+
+void px_session_tick(px_session *s, uint32_t shortest_timeout_ms) {
+  if (px_life_closed(s) || !shortest_timeout_ms)
+    return;
+  px_retry_timeouts(s, shortest_timeout_ms);
+  s->hooks->flush(s);
 }
 
 px_session *px_session_next(const px_session *s) {

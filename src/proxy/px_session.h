@@ -224,7 +224,12 @@ typedef struct px_session {
   uint32_t nbroken;
   char **alt_declared; /* declared here with the other type's arguments */
   uint32_t nalt_declared;
-  bool next_again;          /* the copy being started is a republish */
+  bool next_again;   /* the copy being started is a republish */
+  bool next_timeout; /* ... is for a processing timeout */
+  bool next_lost;    /* ... is for a lost consumer */
+  bool lost_waiting; /* the client went while rebound's channel was opening:
+                        px_retry_consumer_lost() runs once it is ready */
+  bool late_settle_logged;  /* late_settle_swallowed written once */
   uint64_t next_refused_ms; /* ... of a copy the broker nacked then */
   uint64_t cache_bytes;     /* deliveries kept for retry */
   uint64_t held_bytes;      /* client frames held on channels: they count
@@ -290,6 +295,29 @@ typedef struct px_session_snap {
 } px_session_snap;
 
 void px_session_snapshot(const px_session *s, px_session_snap *out);
+/* One delivery the client has not settled yet (px_session_unsettled()). */
+typedef struct px_unsettled {
+  uint64_t session_id;
+  const char *peer;
+  uint16_t channel; /* the client's number */
+  uint64_t tag;
+  int qid;                  /* its queue's slot (px_counters.h) */
+  uint64_t delivered_us;    /* uv_hrtime() / 1000 when it came */
+  const char *consumer_tag; /* "" for basic.get; NULL: consumer cancelled */
+} px_unsettled;
+
+/* Call `fn` for every delivery a session's client has yet to settle (ack
+ * mode; those being retried or requeued by rebound included). Strings are
+ * valid during the call. */
+void px_session_unsettled(const px_session *s,
+                          void (*fn)(void *arg, const px_unsettled *u),
+                          void *arg);
+
+/* The server's periodic tick: deliveries past their policy's processing
+ * timeout (`shortest_timeout_ms`: the shortest of any policy; 0: none, and
+ * nothing is done). */
+void px_session_tick(px_session *s, uint32_t shortest_timeout_ms);
+
 /* The sessions of a server, newest first (ids decrease along it). */
 px_session *px_session_next(const px_session *s);
 uint64_t px_session_id(const px_session *s);

@@ -181,6 +181,7 @@ void px_track_clear(px_session *s, px_chan *c) {
   t->dl.ngone = 0;
   t->capture = 0;
   t->lost = false;
+  t->nexpired = 0;
 }
 
 /* Room for one more entry at the tail; false when the ring is at its
@@ -211,14 +212,15 @@ static char *dl_names(const char *queue, amqp_bytes exchange,
 
 /* Track a delivery; with a rule, also start keeping its content (`queue`,
  * `exchange` and `routing_key` are then needed for the copy's headers). */
-static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
-                         const retry_rule *rule, const char *queue,
-                         amqp_bytes exchange, amqp_bytes routing_key) {
+static px_delivery *new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
+                                 int qid, const retry_rule *rule,
+                                 const char *queue, amqp_bytes exchange,
+                                 amqp_bytes routing_key) {
   px_track *t = &c->track;
   if ((t->dl.r.n && px_dl_at(t, t->dl.r.n - 1)->tag >= tag) ||
       !dl_make_room(t)) {
     t->lost = true; /* tags must grow, and the ring has a bound */
-    return;
+    return NULL;
   }
   px_delivery *d = px_ring_push(&t->dl.r, sizeof(px_delivery));
   memset(d, 0, sizeof *d);
@@ -228,10 +230,11 @@ static void new_delivery(px_chan *c, uint64_t tag, uint32_t gen, int qid,
   d->qid = qid;
   d->delivered_us = uv_hrtime() / 1000;
   if (!rule || !(d->names = dl_names(queue, exchange, routing_key)))
-    return;
+    return d;
   d->rule = rule;
   d->state = PX_DL_CAPTURE;
   t->capture = tag;
+  return d;
 }
 
 /* Header and body frames of the delivery being captured (the newest). */
@@ -317,6 +320,7 @@ static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
       no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
   k->gen = s->srv->cfg_gen;
   k->qid = confirmed ? px_metrics_queue(s->srv, queue) : -1;
+  k->cid = ++t->cids;
   t->nconsumers++;
   return k->rule != NULL; /* rebound's channel: ready by its first failure */
 }
@@ -404,6 +408,18 @@ bool px_track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
   return want;
 }
 
+/* A basic.get-ok with acks: tracked like a delivery (no consumer). */
+static void got_ok(px_session *s, px_chan *c, const amqp_arg *a,
+                   const char *queue) {
+  px_delivery *d = new_delivery(
+      c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
+      px_metrics_queue(s->srv, queue),
+      retry_match(&s->srv->cfg->retry, queue, strlen(queue)), queue,
+      a[AMQP_F_BASIC_GET_OK_EXCHANGE].b, a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
+  if (d && a[AMQP_F_BASIC_GET_OK_REDELIVERED].u)
+    d->flags |= PX_DLF_REDELIVERED;
+}
+
 /* Deliveries and answers from the broker. `queue` of a delivery comes from
  * its consumer or its basic.get. */
 bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
@@ -436,11 +452,7 @@ bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
       px_queue_count(s->srv, px_metrics_queue(s->srv, r.queue),
                      r.no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED);
     if (want)
-      new_delivery(c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
-                   px_metrics_queue(s->srv, r.queue),
-                   retry_match(&s->srv->cfg->retry, r.queue, strlen(r.queue)),
-                   r.queue, a[AMQP_F_BASIC_GET_OK_EXCHANGE].b,
-                   a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
+      got_ok(s, c, a, r.queue);
     request_free(&r);
     break;
   case AMQP_BASIC_GET_EMPTY:
@@ -475,9 +487,12 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     k->rule = retry_match(&s->srv->cfg->retry, k->queue, strlen(k->queue));
     k->gen = s->srv->cfg_gen;
   }
+  px_delivery *d;
   if (!k->rule) {
-    new_delivery(c, tag, s->srv->cfg_gen, k->qid, NULL, NULL, (amqp_bytes){0},
-                 (amqp_bytes){0});
+    d = new_delivery(c, tag, s->srv->cfg_gen, k->qid, NULL, NULL,
+                     (amqp_bytes){0}, (amqp_bytes){0});
+    if (d)
+      d->cid = k->cid;
     return false;
   }
   if (amqp_method_decode_flags(payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
@@ -485,10 +500,71 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     c->track.lost = true;
     return false;
   }
-  new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
-               m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
-               m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
+  d = new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
+                   m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
+                   m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
+  if (d) {
+    d->cid = k->cid;
+    if (m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u)
+      d->flags |= PX_DLF_REDELIVERED;
+  }
   return true; /* kept for retry: rebound's channel is wanted */
+}
+
+const char *px_track_consumer_tag(const px_chan *c, const px_delivery *d) {
+  if (!d->cid)
+    return "";
+  for (uint32_t i = 0; i < c->track.nconsumers; i++)
+    if (c->track.consumers[i].cid == d->cid)
+      return c->track.consumers[i].tag;
+  return NULL;
+}
+
+int px_track_expired_add(px_chan *c, uint64_t tag) {
+  px_track *t = &c->track;
+  if (t->nexpired == t->cap_expired) {
+    uint32_t cap = t->cap_expired ? t->cap_expired * 2 : 8;
+    uint64_t *e =
+        cap <= PX_TRACK_MAX ? realloc(t->expired, cap * sizeof *e) : NULL;
+    if (!e)
+      return -1;
+    t->expired = e;
+    t->cap_expired = cap;
+  }
+  uint32_t i = t->nexpired++;
+  for (; i > 0 && t->expired[i - 1] > tag; i--)
+    t->expired[i] = t->expired[i - 1];
+  t->expired[i] = tag;
+  return 0;
+}
+
+bool px_track_expired_has(const px_chan *c, uint64_t tag) {
+  for (uint32_t i = 0; i < c->track.nexpired; i++)
+    if (c->track.expired[i] == tag)
+      return true;
+  return false;
+}
+
+uint32_t px_track_expired_drop(px_chan *c, uint64_t tag, bool upto) {
+  px_track *t = &c->track;
+  uint32_t kept = 0, n = t->nexpired;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t e = t->expired[i];
+    bool drop = upto ? (tag == 0 || e <= tag) : e == tag;
+    if (!drop)
+      t->expired[kept++] = e;
+  }
+  t->nexpired = kept;
+  return n - kept;
+}
+
+uint64_t px_track_below(const px_chan *c, uint64_t tag) {
+  for (uint32_t i = px_track_index(c, tag); i > 0; i--) {
+    const px_delivery *d = px_dl_at(&c->track, i - 1);
+    if (d->state != PX_DL_GONE && d->tag < tag)
+      return d->tag;
+  }
+  return 0;
 }
 
 /* Everything a channel tracks, when it goes away. */
@@ -499,6 +575,7 @@ void px_track_free(px_session *s, px_chan *c) {
     free(c->track.consumers[i].queue);
   }
   free(c->track.consumers);
+  free(c->track.expired);
   for (uint32_t i = 0; i < c->track.requests.n; i++)
     request_free(req_at(&c->track.requests, i));
   px_ring_free(&c->track.requests);

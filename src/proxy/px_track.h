@@ -31,8 +31,9 @@ typedef struct px_consumer {
   const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
   uint32_t gen;           /* ... under this config generation; `rule` is
                              used only while gen is the server's cfg_gen */
-  int qid; /* metrics label slot of `queue`; -1 until the broker has shown
-              the consumer exists (consume-ok or a first delivery) */
+  int qid;      /* metrics label slot of `queue`; -1 until the broker has shown
+                   the consumer exists (consume-ok or a first delivery) */
+  uint32_t cid; /* the channel's number for it, 1, 2, ... (px_track.cids) */
 } px_consumer;
 
 /* basic.consume / basic.get waiting for their answer, in order. */
@@ -52,9 +53,18 @@ typedef enum px_dl_state {
   PX_DL_GONE,     /* settled: a hole in the queue, skipped */
 } px_dl_state;
 
+/* px_delivery.flags */
+enum {
+  PX_DLF_TIMEOUT_FAILED = 1, /* its timeout's copy failed: the client keeps
+                                it */
+  PX_DLF_REDELIVERED = 2     /* the broker said it was delivered before */
+};
+
 typedef struct px_delivery {
   uint64_t tag;
   uint8_t state; /* px_dl_state */
+  uint8_t flags; /* PX_DLF_* */
+  uint32_t cid;  /* its consumer's px_consumer.cid; 0: a basic.get */
   const retry_rule *rule;
   uint32_t gen; /* config generation of `rule` */
   int qid;      /* metrics label slot of its queue */
@@ -79,6 +89,7 @@ typedef struct px_dlq {
 typedef struct px_track {
   px_consumer *consumers;
   uint32_t nconsumers;
+  uint32_t cids;    /* the last px_consumer.cid given */
   px_ring requests; /* px_request: basic.consume/get in flight, in order */
   px_dlq dl;
   uint64_t capture; /* tag of the newest delivery, whose content is
@@ -86,6 +97,10 @@ typedef struct px_track {
   uint32_t retries_pending;
   uint32_t defers_pending; /* requeues waiting for their delay */
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
+  /* deliveries rebound acked for a processing timeout, that the client
+   * has yet to settle (its settle is swallowed), ascending */
+  uint64_t *expired;
+  uint32_t nexpired, cap_expired;
   /* publisher confirms of the client's own publishes (for metrics) */
   bool confirm;
   uint64_t *pub_us; /* ring: publish times of unconfirmed publishes */
@@ -133,6 +148,19 @@ void px_track_settle(struct px_session *s, struct px_chan *c, uint64_t tag,
 void px_track_clear(struct px_session *s, struct px_chan *c);
 void px_track_free(struct px_session *s, struct px_chan *c);
 px_delivery *px_track_find(struct px_chan *c, uint64_t tag);
+/* Expired tags (px_track.expired): record one (0, or -1 when full or out
+ * of memory: then it must not be acked by rebound), look one up, and
+ * forget those up to `tag` (all for 0), returning how many. */
+int px_track_expired_add(struct px_chan *c, uint64_t tag);
+bool px_track_expired_has(const struct px_chan *c, uint64_t tag);
+uint32_t px_track_expired_drop(struct px_chan *c, uint64_t tag, bool upto);
+/* The newest unsettled tracked delivery with a tag below `tag` (0: none). */
+uint64_t px_track_below(const struct px_chan *c, uint64_t tag);
+
+/* The tag of the consumer a delivery went to: "" for a basic.get, NULL
+ * when that consumer is gone (cancelled). */
+const char *px_track_consumer_tag(const struct px_chan *c,
+                                  const px_delivery *d);
 /* How many of the oldest unsettled entries (holes included) have a tag
  * <= `tag` (0: all of them). */
 uint32_t px_track_upto(const struct px_chan *c, uint64_t tag);

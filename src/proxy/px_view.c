@@ -8,6 +8,7 @@
 #include "px_log.h"
 #include "px_queues.h"
 #include "px_server.h"
+#include "px_session.h"
 #include "retry_policy.h"
 
 #define SUMMARY_MAX 100 /* flagged queues listed in /v1/status */
@@ -47,8 +48,13 @@ void px_view_policy(px_admin_response *r, const retry_rule *rule) {
   px_admin_printf(
       r, ",\"max_attempts\":%u,\"dead_letter\":", (unsigned)rule->max_attempts);
   px_admin_json_string(r, rule->dead_letter);
-  px_admin_printf(r, ",\"queue_type\":\"%s\"}",
+  px_admin_printf(r, ",\"queue_type\":\"%s\",\"processing_timeout\":",
                   retry_queue_type_str(rule->queue_type));
+  if (rule->processing_timeout_ms)
+    json_delay(r, rule->processing_timeout_ms);
+  else
+    px_admin_printf(r, "null");
+  px_admin_printf(r, "}");
 }
 
 /* The index of the queue's policy under the running config (-1: none),
@@ -94,8 +100,11 @@ static void json_flags(px_admin_response *r, unsigned f) {
   px_admin_printf(r, "]");
 }
 
+static void json_unsettled(px_admin_response *r, const px_view_unsettled *u,
+                           uint64_t now_us);
+
 static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
-                       uint64_t now) {
+                       uint64_t now, const px_view_unsettled *u) {
   int p = policy_of(srv, q);
   px_admin_printf(r, "{\"name\":");
   px_admin_json_string(r, q->name);
@@ -110,6 +119,8 @@ static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
                     (unsigned long long)q->n[i]);
   px_admin_printf(r, ",\"seen_seconds_ago\":%.3f",
                   (double)(now - q->seen_ms) / 1000.0);
+  if (u)
+    json_unsettled(r, u, uv_hrtime() / 1000);
   json_flags(r, flags_of(srv, q));
   px_admin_printf(r, "}");
 }
@@ -141,26 +152,116 @@ static void json_policies(px_server *srv, px_admin_response *r) {
   px_admin_printf(r, "]");
 }
 
+/* ---- unsettled deliveries ------------------------------------------------ */
+
+typedef struct scan {
+  px_view_unsettled *per;
+  uint32_t nper;
+  px_view_stuck *top;
+  unsigned ntop, ntop_max;
+  uint64_t stuck_before_us; /* delivered before this: stuck */
+} scan;
+
+/* Keep the ntop_max oldest, oldest first (insertion: ntop is small). */
+static void keep_oldest(scan *sc, const px_unsettled *u) {
+  unsigned i = sc->ntop;
+  if (i == sc->ntop_max) {
+    if (u->delivered_us >= sc->top[i - 1].delivered_us)
+      return;
+    i--;
+  } else {
+    sc->ntop++;
+  }
+  for (; i > 0 && sc->top[i - 1].delivered_us > u->delivered_us; i--)
+    sc->top[i] = sc->top[i - 1];
+  px_view_stuck *t = &sc->top[i];
+  *t = (px_view_stuck){.session_id = u->session_id,
+                       .tag = u->tag,
+                       .delivered_us = u->delivered_us,
+                       .qid = u->qid,
+                       .channel = u->channel,
+                       .cancelled = !u->consumer_tag};
+  snprintf(t->peer, sizeof t->peer, "%s", u->peer);
+  snprintf(t->consumer_tag, sizeof t->consumer_tag, "%s",
+           u->consumer_tag ? u->consumer_tag : "");
+}
+
+static void scan_one(void *arg, const px_unsettled *u) {
+  scan *sc = arg;
+  if (sc->per && u->qid >= 0) {
+    px_view_unsettled *p =
+        &sc->per[(uint32_t)u->qid < sc->nper ? (uint32_t)u->qid : sc->nper - 1];
+    if (!p->n || u->delivered_us < p->oldest_us)
+      p->oldest_us = u->delivered_us;
+    p->n++;
+    p->stuck += u->delivered_us < sc->stuck_before_us;
+  }
+  if (sc->ntop_max)
+    keep_oldest(sc, u);
+}
+
+unsigned px_view_scan(px_server *srv, px_view_unsettled *per, uint32_t nper,
+                      px_view_stuck *top, unsigned ntop) {
+  uint64_t now_us = uv_hrtime() / 1000;
+  uint64_t after_us = (uint64_t)srv->cfg->stuck_after_ms * 1000;
+  scan sc = {per, nper,           top,
+             0,   top ? ntop : 0, now_us > after_us ? now_us - after_us : 0};
+  if (per)
+    memset(per, 0, nper * sizeof *per);
+  for (const px_session *s = srv->sessions; s; s = px_session_next(s))
+    px_session_unsettled(s, scan_one, &sc);
+  return sc.ntop;
+}
+
+static void json_unsettled(px_admin_response *r, const px_view_unsettled *u,
+                           uint64_t now_us) {
+  px_admin_printf(r, ",\"unsettled\":%u,\"stuck\":%u,", u->n, u->stuck);
+  if (u->n)
+    px_admin_printf(r, "\"oldest_unsettled_seconds\":%.3f",
+                    (double)(now_us - u->oldest_us) / 1e6);
+  else
+    px_admin_printf(r, "\"oldest_unsettled_seconds\":null");
+}
+
 /* ---- GET /v1/queues, a slice at a time ---------------------------------- */
 
 typedef struct queues_stream {
   px_server *srv;
   uint32_t next; /* slot to write next; n: "other", then the end */
   uint64_t now;
+  uint32_t nper;
+  px_view_unsettled *per; /* per slot, "other" last; NULL: no memory */
 } queues_stream;
+
+static const px_view_unsettled *unsettled_of(const queues_stream *st,
+                                             uint32_t slot) {
+  /* the registry may have grown since the scan: a new queue has none */
+  static const px_view_unsettled none;
+  if (!st->per)
+    return NULL;
+  return slot < st->nper - 1 ? &st->per[slot] : &none;
+}
+
+static void queues_release(void *arg) {
+  queues_stream *st = arg;
+  free(st->per);
+  free(st);
+}
 
 static bool queues_produce(void *arg, px_admin_response *r) {
   queues_stream *st = arg;
   px_queues *qs = &st->srv->metrics.queues;
   for (; st->next < qs->n && r->len < PX_ADMIN_SLICE; st->next++) {
     px_admin_printf(r, "%s", st->next ? "," : "");
-    json_queue(st->srv, r, &qs->q[st->next], st->now);
+    json_queue(st->srv, r, &qs->q[st->next], st->now,
+               unsettled_of(st, st->next));
   }
   if (st->next < qs->n)
     return true;
   px_admin_printf(r, "],\"other\":");
   if (qs->other.name[0])
-    json_queue(st->srv, r, &qs->other, st->now);
+    json_queue(st->srv, r, &qs->other, st->now,
+               st->per ? &st->per[st->nper - 1] : NULL);
   else
     px_admin_printf(r, "null");
   px_admin_printf(r, ",");
@@ -171,11 +272,44 @@ static bool queues_produce(void *arg, px_admin_response *r) {
 
 void px_view_queues_render(px_server *srv, px_admin_response *r) {
   queues_stream *st = malloc(sizeof *st);
-  if (st)
-    *st = (queues_stream){srv, 0, uv_now(srv->loop)};
+  uint32_t nper = srv->metrics.queues.n + 1;
+  if (st) {
+    *st = (queues_stream){srv, 0, uv_now(srv->loop), nper,
+                          malloc(nper * sizeof(px_view_unsettled))};
+    if (st->per)
+      px_view_scan(srv, st->per, nper, NULL, 0);
+  }
   px_admin_header(r, "Content-Type", "application/json");
   px_admin_printf(r, "{\"queues\":[");
-  px_admin_stream(r, queues_produce, free, st);
+  px_admin_stream(r, queues_produce, queues_release, st);
+}
+
+/* The oldest unsettled deliveries, oldest first. */
+static void json_oldest(px_server *srv, px_admin_response *r) {
+  px_view_stuck top[PX_VIEW_OLDEST];
+  unsigned n = px_view_scan(srv, NULL, 0, top, PX_VIEW_OLDEST);
+  uint64_t now_us = uv_hrtime() / 1000;
+  px_admin_printf(r, "\"stuck_after_seconds\":%.3f,\"oldest_unsettled\":[",
+                  srv->cfg->stuck_after_ms / 1000.0);
+  for (unsigned i = 0; i < n; i++) {
+    px_queue_stat *q = px_queues_at(&srv->metrics.queues, top[i].qid);
+    px_admin_printf(r, "%s{\"queue\":", i ? "," : "");
+    px_admin_json_string(r, q ? q->name : "");
+    px_admin_printf(r,
+                    ",\"age_seconds\":%.3f,\"channel\":%u,"
+                    "\"delivery_tag\":%llu,\"consumer_tag\":",
+                    (double)(now_us - top[i].delivered_us) / 1e6,
+                    (unsigned)top[i].channel, (unsigned long long)top[i].tag);
+    if (top[i].cancelled)
+      px_admin_printf(r, "null");
+    else
+      px_admin_json_string(r, top[i].consumer_tag);
+    px_admin_printf(r, ",\"peer\":");
+    px_admin_json_string(r, top[i].peer);
+    px_admin_printf(r, ",\"session\":%llu}",
+                    (unsigned long long)top[i].session_id);
+  }
+  px_admin_printf(r, "]");
 }
 
 void px_view_summary(px_server *srv, px_admin_response *r) {
@@ -187,10 +321,12 @@ void px_view_summary(px_server *srv, px_admin_response *r) {
   for (uint32_t i = 0; i < qs->n && listed < SUMMARY_MAX; i++)
     if (flags_of(srv, &qs->q[i])) {
       px_admin_printf(r, "%s", listed++ ? "," : "");
-      json_queue(srv, r, &qs->q[i], now);
+      json_queue(srv, r, &qs->q[i], now, NULL);
     }
   px_admin_printf(r, "],");
   json_policies(srv, r);
+  px_admin_printf(r, ",");
+  json_oldest(srv, r);
   px_admin_printf(r, "}");
 }
 

@@ -18,10 +18,39 @@
 #ifndef PX_VIEW_H
 #define PX_VIEW_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "px_admin.h"
 #include "retry_plan.h"
 
 struct px_server;
+
+/* What a scan of the unsettled deliveries found for one queue slot. */
+typedef struct px_view_unsettled {
+  uint64_t oldest_us; /* delivered_us of the oldest; 0: none */
+  uint32_t n;
+  uint32_t stuck; /* unsettled longer than --stuck-after */
+} px_view_unsettled;
+
+/* One of the oldest unsettled deliveries, copied out of its session. */
+typedef struct px_view_stuck {
+  uint64_t session_id, tag, delivered_us;
+  int qid;
+  uint16_t channel;
+  bool cancelled; /* its consumer is gone */
+  char peer[64];
+  char consumer_tag[256];
+} px_view_stuck;
+
+#define PX_VIEW_OLDEST 20 /* listed in /v1/status */
+
+/* Scan every session's unsettled deliveries: per queue slot into
+ * per[0 .. nper-1] (slots past the last fold into it; `per` may be NULL),
+ * and the `ntop` oldest into top[] (may be NULL), oldest first. Returns
+ * how many went into top[]. */
+unsigned px_view_scan(struct px_server *srv, px_view_unsettled *per,
+                      uint32_t nper, px_view_stuck *top, unsigned ntop);
 
 /* A policy as JSON: {"queues":[...],"tiers":[...],"backoff":{...}?,
  * "max_attempts":N,"dead_letter":"...","queue_type":"..."}. */

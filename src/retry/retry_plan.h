@@ -71,6 +71,8 @@ typedef struct retry_rule {
   uint32_t max_attempts;
   char dead_letter[RETRY_NAME_MAX + 1]; /* "{queue}" is replaced */
   retry_queue_type queue_type;
+  /* a delivery unsettled this long is a failed attempt (0: never) */
+  uint32_t processing_timeout_ms;
 } retry_rule;
 
 typedef struct retry_policy {
