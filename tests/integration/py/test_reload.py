@@ -162,7 +162,7 @@ def test_five_hundred_reloads_keep_memory_flat_and_still_apply(
     policies = status["config"]["retry"]["policies"]
     assert policies == [{"queues": ["gen-500-*"], "tiers": ["100ms"],
                          "max_attempts": 2, "dead_letter": "{queue}.dlq",
-                         "queue_type": "auto"}]
+                         "queue_type": "auto", "processing_timeout": None}]
     grown = rss[500] - rss[100]
     assert grown < 4096, "RSS grew %d KiB from reload 100 to 500 (%r)" % (
         grown, rss)
