@@ -18,8 +18,9 @@
  *               [--block BYTES] [--timeout S] [--tls-cert F --tls-key F]
  * (--body is the same as --body-size.) Prints "LISTENING <port>" once bound
  * (port 0 picks one). Exits after --timeout seconds (default 900) or on
- * SIGTERM/SIGINT, saying on stderr what it wrote and how many connections
- * it accepted.
+ * SIGTERM/SIGINT, saying on stderr what it wrote, how many connections it
+ * accepted and how many of them got as far as the protocol header (over
+ * TLS: finished the handshake).
  *
  * --tls-cert/--tls-key: every connection speaks TLS (OpenSSL, non-blocking;
  * TLS 1.2 at least, no session tickets and no session cache, as RabbitMQ
@@ -70,7 +71,7 @@ static int body_size = 256;
 static size_t block_target = 64 * 1024;
 static uint64_t max_messages; /* per consumer; 0: no limit */
 static volatile sig_atomic_t stop;
-static uint64_t frames_flooded, messages_flooded, conns_accepted;
+static uint64_t frames_flooded, messages_flooded, conns_accepted, conns_amqp;
 static SSL_CTX *tls_ctx; /* --tls-cert: every connection speaks TLS */
 
 static void on_signal(int sig) {
@@ -358,6 +359,7 @@ static int conn_read(conn *c) {
         return 0;
       }
       pos = 8;
+      conns_amqp++;
       send_start(c);
       c->phase = P_START_OK;
     }
@@ -555,10 +557,11 @@ int main(int argc, char **argv) {
   close(lfd);
   fprintf(stderr,
           "fake_broker: exit, %llu delivery frames (%llu messages) "
-          "written, %llu connections accepted\n",
+          "written, %llu connections accepted, %llu sent the protocol "
+          "header\n",
           (unsigned long long)frames_flooded,
           (unsigned long long)messages_flooded,
-          (unsigned long long)conns_accepted);
+          (unsigned long long)conns_accepted, (unsigned long long)conns_amqp);
   SSL_CTX_free(tls_ctx);
   return 0;
 }
