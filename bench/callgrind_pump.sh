@@ -41,8 +41,9 @@
 # Ir include OpenSSL's work on both sides (decrypting and encrypting every
 # byte once each). rebound: --tls-listen, --upstream amqps://localhost:PORT
 # --upstream-ca; its readiness probe dials the upstream every 2 s (a TLS
-# handshake each), so the connections fake_broker accepted are printed per
-# run (1 + the probes): a run with more probes has more Ir. The script then
+# handshake each), so the connections that reached fake_broker's protocol
+# header are printed per run (1 + the probes; a probe cut short by the
+# shutdown is not counted): a run with more probes has more Ir. The script then
 # measures what one probe costs (two runs of rebound with no client, 3 s
 # and 13 s: the difference in Ir over the difference in probes) and also
 # prints Ir per frame with the probes taken out. With --tls libc's memset
@@ -148,7 +149,8 @@ listening() {
 }
 
 # one_run N TAG: sets RUN_IR, RUN_MEM (Ir in memcpy/memmove), RUN_FRAMES
-# and RUN_CONNS (connections fake_broker accepted); the callgrind file is
+# and RUN_CONNS (connections that sent fake_broker the protocol header:
+# the session and the probes); the callgrind file is
 # $WORK/cg.TAG.out.
 one_run() {
     local n=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i line frames ir rc
@@ -211,7 +213,7 @@ one_run() {
     [ "$rc" = 0 ] || { tail -n 20 "$WORK/rebound.$tag.log" >&2; die "$TARGET exited with $rc"; }
     grep -q "($n messages) written" "$WORK/fake.$tag.log" ||
         die "fake_broker: $(cat "$WORK/fake.$tag.log")"
-    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) connections accepted.*/\1/p' "$WORK/fake.$tag.log")
+    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) sent the protocol header.*/\1/p' "$WORK/fake.$tag.log")
     ir=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
     [ -n "$ir" ] || die "no totals line in $out"
     RUN_IR=$ir RUN_FRAMES=$frames
@@ -223,7 +225,7 @@ one_run() {
 
 # idle_run SECS TAG: rebound under callgrind with no client for SECS
 # seconds after it listens (only its readiness probe works); sets RUN_IR
-# and RUN_CONNS (the probes fake_broker accepted).
+# and RUN_CONNS (the probes that sent fake_broker the protocol header).
 idle_run() {
     local secs=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i rc=0 cmd
     local out=$WORK/cg.$tag.out
@@ -260,7 +262,7 @@ idle_run() {
     wait "$fake_pid" || true
     PIDS=()
     [ "$rc" = 0 ] || die "rebound exited with $rc"
-    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) connections accepted.*/\1/p' "$WORK/fake.$tag.log")
+    RUN_CONNS=$(sed -n 's/.* \([0-9]*\) sent the protocol header.*/\1/p' "$WORK/fake.$tag.log")
     RUN_IR=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
     [ -n "$RUN_IR" ] || die "no totals line in $out"
 }
@@ -284,7 +286,7 @@ for n in "$N1" "$N2"; do
         MEMS[$n]="${MEMS[$n]:-} $RUN_MEM"
         SETS[$n]="${SETS[$n]:-} $RUN_SET"
         CONNS[$n]="${CONNS[$n]:-} $RUN_CONNS"
-        echo "# run N=$n #$r: Ir $RUN_IR (memcpy/memmove $RUN_MEM), frames $RUN_FRAMES, $((SECONDS - t0)) s${RUN_CONNS:+, fake_broker accepted $RUN_CONNS connection(s)}"
+        echo "# run N=$n #$r: Ir $RUN_IR (memcpy/memmove $RUN_MEM), frames $RUN_FRAMES, $((SECONDS - t0)) s${RUN_CONNS:+, $RUN_CONNS connection(s) sent fake_broker the protocol header}"
     done
 done
 PER_PROBE=
