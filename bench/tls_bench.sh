@@ -6,7 +6,7 @@
 #                      [--broker-rounds N] [--broker-count "N ..."]
 #                      [--hs-rounds N] [--hs-seconds T] [--parallel P]
 #                      [--idle-count N] [--no-broker] [--no-callgrind]
-#                      [--quiet-wait S]
+#                      [--quiet-wait S] [--phases "P ..."] [--profile]
 #
 # Layout: load generator --TLS--> proxy --TLS--> upstream. The load
 # generators (bench/pump_client, amqp_load, tls_handshakes, idle_conns)
@@ -35,7 +35,11 @@
 #     (no-ack) for T s (--seconds, default 5) after 1 s of warm-up; the
 #     proxy alone on core 0, fake_broker and pump_client on core 1 (as in
 #     pump_bench.sh). --rounds rounds (default 3), H and R alternating, the
-#     order swapped every round. CPU per message and msg/s.
+#     order swapped every round. CPU per message and msg/s, and the share
+#     of it spent in user space (utime over utime+stime, over the whole
+#     pump_client run). --profile: then one more run per proxy under `perf
+#     record -e cpu-clock` and where its time went, by shared object and
+#     by symbol.
 #  2. broker (unless --no-broker): a private RabbitMQ (scripts/broker.sh,
 #     its TLS listener); amqp_load throughput --tls: a publisher with
 #     confirms (256 outstanding) and a consumer with manual acks (prefetch
@@ -63,19 +67,23 @@
 # The machine is shared: before each round the script waits (at most
 # --quiet-wait s, default 30) for less than 15% CPU busy. Prints every
 # run (RESULT lines) and a summary with the ratios rebound / HAProxy, per
-# round and their median. Everything it starts is stopped on exit. A
-# default run takes about 9 minutes.
+# round and their median. --phases runs only some of them (default
+# "pump broker handshakes idle callgrind"; --no-broker leaves out the
+# broker phase and makes idle use fake_broker, --no-callgrind leaves out
+# callgrind). Everything it starts is stopped on exit. A default run takes
+# about 9 minutes.
 set -euo pipefail
 . "$(dirname "$0")/bench_lib.sh"
 
 ROUNDS=3 SECS=5 SIZES="256 16384" BROKER_ROUNDS=3 BROKER_COUNT="30000 6000"
-HS_ROUNDS=3 HS_SECS=5 PARALLEL=8 IDLE_COUNT=1000 BROKER=1 CALLGRIND=1
-QUIET_WAIT=30
-usage="usage: $0 [--rounds N] [--seconds T] [--sizes \"B ...\"] [--broker-rounds N] [--broker-count \"N ...\"] [--hs-rounds N] [--hs-seconds T] [--parallel P] [--idle-count N] [--no-broker] [--no-callgrind] [--quiet-wait S]"
+HS_ROUNDS=3 HS_SECS=5 PARALLEL=8 IDLE_COUNT=1000 BROKER=1 CALLGRIND=1 PROFILE=0
+QUIET_WAIT=30 PHASES="pump broker handshakes idle callgrind"
+usage="usage: $0 [--rounds N] [--seconds T] [--sizes \"B ...\"] [--broker-rounds N] [--broker-count \"N ...\"] [--hs-rounds N] [--hs-seconds T] [--parallel P] [--idle-count N] [--no-broker] [--no-callgrind] [--quiet-wait S] [--phases \"P ...\"] [--profile]"
 while [ $# -gt 0 ]; do
     case $1 in
         --no-broker) BROKER=0; shift; continue ;;
         --no-callgrind) CALLGRIND=0; shift; continue ;;
+        --profile) PROFILE=1; shift; continue ;;
     esac
     [ $# -ge 2 ] || die "$usage"
     case $1 in
@@ -89,10 +97,18 @@ while [ $# -gt 0 ]; do
         --parallel) PARALLEL=$2 ;;
         --idle-count) IDLE_COUNT=$2 ;;
         --quiet-wait) QUIET_WAIT=$2 ;;
+        --phases) PHASES=$2 ;;
         *) die "$usage" ;;
     esac
     shift 2
 done
+for p in $PHASES; do
+    case $p in pump | broker | handshakes | idle | callgrind) ;; *) die "unknown phase $p" ;; esac
+done
+want() { # PHASE: it is to run
+    [[ " $PHASES " == *" $1 "* ]] || return 1
+    case $1 in broker) [ "$BROKER" = 1 ] ;; callgrind) [ "$CALLGRIND" = 1 ] ;; esac
+}
 read -r -a SIZE_LIST <<<"$SIZES"
 read -r -a COUNT_LIST <<<"$BROKER_COUNT"
 [ "${#COUNT_LIST[@]}" -ge "${#SIZE_LIST[@]}" ] || die "--broker-count: one count per size"
@@ -229,36 +245,88 @@ port_of() { case $1 in H) echo "$HAPROXY_PORT" ;; R) echo "$REBOUND_PORT" ;; esa
 pid_of() { case $1 in H) echo "$HAPROXY_PID" ;; R) echo "$REBOUND_PID" ;; esac; }
 order() { if (($1 % 2)); then echo H R; else echo R H; fi; }
 ticks_s() { awk -v a="$1" -v b="$2" -v t="$CLK_TCK" 'BEGIN{printf "%.2f", (b - a) / t}'; }
+# user_sys PID: "utime stime" in clock ticks (/proc/PID/stat fields 14, 15)
+user_sys() {
+    local stat
+    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
+    stat=${stat##*) }
+    # shellcheck disable=SC2086 # split into fields on purpose
+    set -- $stat
+    echo "${12} ${13}"
+}
+
+# pump_run TARGET SIZE ROUND: one pump_client run through the proxy.
+pump_run() {
+    local pid line u0 s0 u1 s1
+    pid=$(pid_of "$1")
+    read -r u0 s0 < <(user_sys "$pid")
+    line=$(taskset -c 1 "$BUILD/bench/pump_client" --port "$(port_of "$1")" \
+        --tls "$CA" --label "$1" --seconds "$SECS" --warmup 1 \
+        --cpu-pid "$pid" | grep '^RESULT') || true
+    read -r u1 s1 < <(user_sys "$pid")
+    echo "${line:-RESULT mode=pump label=$1 status=error} phase=pump size=$2 round=$3 user_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0))"
+}
+
+# profile TARGET SIZE: one more pump run under perf; where the proxy's time
+# went, by shared object and by symbol.
+profile() {
+    local pid out=$WORK/perf.$1.$2.data perf_pid
+    pid=$(pid_of "$1")
+    perf record -e cpu-clock -p "$pid" -o "$out" -- sleep "$SECS" >/dev/null 2>&1 &
+    perf_pid=$!
+    pump_run "$1" "$2" profile >/dev/null
+    wait "$perf_pid" || true
+    echo "# perf, $1 ($(case $1 in H) echo HAProxy ;; R) echo rebound ;; esac)), body $2 B: by shared object"
+    # awk reads all of it: no SIGPIPE for perf under pipefail
+    perf report -i "$out" --stdio --sort dso 2>/dev/null | awk '!/^#/ && NF && n++ < 8'
+    echo "# top symbols (OpenSSL's libraries have no symbols here: addresses)"
+    perf report -i "$out" --stdio --sort dso,sym 2>/dev/null | awk '!/^#/ && NF && n++ < 15'
+}
 
 describe_machine
 echo "# $(openssl version); certificates: RSA 2048 (tests/tls/make_certs.sh)"
 echo "# loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- 1. pump ---------------------------------------------------------------
-for size in "${SIZE_LIST[@]}"; do
+want pump && for size in "${SIZE_LIST[@]}"; do
     log "pump, body $size B: $ROUNDS rounds of $SECS s"
     start_fake "$size" 1
     start_proxies "$FAKE_PORT" "$CA" 0
     for ((round = 1; round <= ROUNDS; round++)); do
         wait_quiet "$QUIET_WAIT"
         for t in $(order "$round"); do
-            line=$(taskset -c 1 "$BUILD/bench/pump_client" --port "$(port_of "$t")" \
-                --tls "$CA" --label "$t" --seconds "$SECS" --warmup 1 \
-                --cpu-pid "$(pid_of "$t")" | grep '^RESULT') || true
-            echo "${line:-RESULT mode=pump label=$t status=error} phase=pump size=$size round=$round" | tee -a "$RESULTS"
+            pump_run "$t" "$size" "$round" | tee -a "$RESULTS"
             sleep 0.5 # the proxy drops the flood it still holds
         done
     done
+    if [ "$PROFILE" = 1 ]; then
+        if perf record -e cpu-clock -o "$WORK/perf.probe" -- true >/dev/null 2>&1; then
+            for t in H R; do
+                wait_quiet "$QUIET_WAIT"
+                profile "$t" "$size"
+                sleep 0.5
+            done
+        else
+            log "perf record does not work here: no profile"
+        fi
+    fi
     stop_proxies
     stop_proc "$FAKE_PID"
 done
 
 # ---- 2. broker ---------------------------------------------------------------
-if [ "$BROKER" = 1 ]; then
+# broker_up: the private broker runs; sets BROKER_TLS_PORT and BROKER_CA.
+broker_up() {
+    [ -n "$BROKER_DIR" ] && return 0
     start_broker
     BROKER_TLS_PORT=$(set +u; . "$BROKER_DIR/env"; echo "$REBOUND_TEST_BROKER_TLS_PORT")
     BROKER_CA=$BROKER_DIR/tls/ca.pem
-    [ -n "$BROKER_TLS_PORT" ] && [ -s "$BROKER_CA" ] || die "the broker has no TLS listener"
+    if [ -z "$BROKER_TLS_PORT" ] || [ ! -s "$BROKER_CA" ]; then
+        die "the broker has no TLS listener"
+    fi
+}
+if want broker; then
+    broker_up
     start_proxies "$BROKER_TLS_PORT" "$BROKER_CA" ""
     load() { # TARGET SIZE COUNT LABEL
         "$BUILD/bench/amqp_load" throughput --host localhost --port "$(port_of "$1")" \
@@ -286,60 +354,66 @@ if [ "$BROKER" = 1 ]; then
 fi
 
 # ---- 3. handshakes ---------------------------------------------------------------
-log "handshakes: $HS_ROUNDS rounds of $HS_SECS s, $PARALLEL in flight"
-start_fake 256 1
-start_proxies "$FAKE_PORT" "$CA" 0
-for ((round = 1; round <= HS_ROUNDS; round++)); do
-    wait_quiet "$QUIET_WAIT"
-    for t in $(order "$round"); do
-        line=$(taskset -c 1 "$BUILD/bench/tls_handshakes" --port "$(port_of "$t")" \
-            --tls "$CA" --parallel "$PARALLEL" --seconds "$HS_SECS" --warmup 1 \
-            --label "$t" --cpu-pid "$(pid_of "$t")" --other-pid "$FAKE_PID" |
-            grep '^RESULT') || true
-        echo "${line:-RESULT mode=amqp label=$t status=error} phase=handshake round=$round" | tee -a "$RESULTS"
-        sleep 1 # the proxy closes what the last connections left
+if want handshakes; then
+    log "handshakes: $HS_ROUNDS rounds of $HS_SECS s, $PARALLEL in flight"
+    start_fake 256 1
+    start_proxies "$FAKE_PORT" "$CA" 0
+    for ((round = 1; round <= HS_ROUNDS; round++)); do
+        wait_quiet "$QUIET_WAIT"
+        for t in $(order "$round"); do
+            line=$(taskset -c 1 "$BUILD/bench/tls_handshakes" --port "$(port_of "$t")" \
+                --tls "$CA" --parallel "$PARALLEL" --seconds "$HS_SECS" --warmup 1 \
+                --label "$t" --cpu-pid "$(pid_of "$t")" --other-pid "$FAKE_PID" |
+                grep '^RESULT') || true
+            echo "${line:-RESULT mode=amqp label=$t status=error} phase=handshake round=$round" | tee -a "$RESULTS"
+            sleep 1 # the proxy closes what the last connections left
+        done
     done
-done
-stop_proxies
-stop_proc "$FAKE_PID"
+    stop_proxies
+    stop_proc "$FAKE_PID"
+fi
 
 # ---- 4. idle ---------------------------------------------------------------------
-if [ "$BROKER" = 1 ]; then
-    up_port=$BROKER_TLS_PORT up_ca=$BROKER_CA up_name="RabbitMQ (TLS)"
-else
-    start_fake 256 ""
-    up_port=$FAKE_PORT up_ca=$CA up_name="fake_broker (TLS)"
+if want idle; then
+    if [ "$BROKER" = 1 ]; then
+        broker_up
+        up_port=$BROKER_TLS_PORT up_ca=$BROKER_CA up_name="RabbitMQ (TLS)"
+    else
+        start_fake 256 ""
+        up_port=$FAKE_PORT up_ca=$CA up_name="fake_broker (TLS)"
+    fi
+    log "idle: $IDLE_COUNT connections through each proxy to $up_name"
+    start_proxies "$up_port" "$up_ca" ""
+    half=$((IDLE_COUNT / 2))
+    for t in R H; do
+        pid=$(pid_of "$t")
+        sleep 1
+        r0=$(rss_kib "$pid")
+        coproc IDLE { "$BUILD/bench/idle_conns" --port "$(port_of "$t")" --tls "$CA" \
+            --count "$IDLE_COUNT" --checkpoints "$half" --hold 180 --channel 2>>"$WORK/idle.log"; }
+        read -r -t 180 line <&"${IDLE[0]}" || die "idle_conns: no answer"
+        [[ $line == OPEN* ]] || { cat "$WORK/idle.log" >&2; die "idle_conns: $line"; }
+        sleep 1
+        rh=$(rss_kib "$pid")
+        echo go >&"${IDLE[1]}"
+        read -r -t 180 line <&"${IDLE[0]}" || die "idle_conns: no answer"
+        [[ $line == OPEN* ]] || { cat "$WORK/idle.log" >&2; die "idle_conns: $line"; }
+        secs=${line##*secs=}
+        sleep 1
+        rn=$(rss_kib "$pid")
+        echo go >&"${IDLE[1]}"
+        wait "$IDLE_PID" 2>/dev/null || true
+        sleep 2
+        rc=$(rss_kib "$pid")
+        echo "RESULT phase=idle label=$t conns=$IDLE_COUNT open_secs=$secs rss_before_kib=$r0 rss_half_kib=$rh rss_all_kib=$rn rss_after_close_kib=$rc" | tee -a "$RESULTS"
+    done
+    stop_proxies
+    [ "$BROKER" = 1 ] || stop_proc "$FAKE_PID"
 fi
-log "idle: $IDLE_COUNT connections through each proxy to $up_name"
-start_proxies "$up_port" "$up_ca" ""
-half=$((IDLE_COUNT / 2))
-for t in R H; do
-    pid=$(pid_of "$t")
-    sleep 1
-    r0=$(rss_kib "$pid")
-    coproc IDLE { "$BUILD/bench/idle_conns" --port "$(port_of "$t")" --tls "$CA" \
-        --count "$IDLE_COUNT" --checkpoints "$half" --hold 180 --channel 2>>"$WORK/idle.log"; }
-    read -r -t 180 line <&"${IDLE[0]}" || die "idle_conns: no answer"
-    [[ $line == OPEN* ]] || { cat "$WORK/idle.log" >&2; die "idle_conns: $line"; }
-    sleep 1
-    rh=$(rss_kib "$pid")
-    echo go >&"${IDLE[1]}"
-    read -r -t 180 line <&"${IDLE[0]}" || die "idle_conns: no answer"
-    [[ $line == OPEN* ]] || { cat "$WORK/idle.log" >&2; die "idle_conns: $line"; }
-    secs=${line##*secs=}
-    sleep 1
-    rn=$(rss_kib "$pid")
-    echo go >&"${IDLE[1]}"
-    wait "$IDLE_PID" 2>/dev/null || true
-    sleep 2
-    rc=$(rss_kib "$pid")
-    echo "RESULT phase=idle label=$t conns=$IDLE_COUNT open_secs=$secs rss_before_kib=$r0 rss_half_kib=$rh rss_all_kib=$rn rss_after_close_kib=$rc" | tee -a "$RESULTS"
-done
-stop_proxies
 echo "# loadavg after the timed phases: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- 5. callgrind -------------------------------------------------------------------
-if [ "$CALLGRIND" = 1 ]; then
+if want callgrind; then
     if ! command -v valgrind >/dev/null; then
         log "valgrind not installed: no instruction counts"
     else
@@ -381,8 +455,9 @@ def ratio_rounds(rows, key):
     return [by[k]["R"][key] / by[k]["H"][key] for k in sorted(by, key=int)
             if "R" in by[k] and "H" in by[k] and by[k]["H"][key] > 0]
 
-print("\n== 1. pump: deliveries, pump_client -TLS-> proxy (core 0) -TLS-> fake_broker")
-print("size | proxy | msg/s (rounds) | proxy CPU us per message (rounds) | median | core-0 share | R/H per round (median)")
+if sel("pump"):
+    print("\n== 1. pump: deliveries, pump_client -TLS-> proxy (core 0) -TLS-> fake_broker")
+    print("size | proxy | msg/s (rounds) | proxy CPU us per message (rounds) | median | core-0 share | user share | R/H per round (median)")
 for size in sorted({r["size"] for r in sel("pump")}, key=int):
     rows = [r for r in sel("pump", size=size) if r.get("status") == "ok"]
     for r in rows:
@@ -393,8 +468,10 @@ for size in sorted({r["size"] for r in sel("pump")}, key=int):
         us = [r["us_msg"] for r in rs]
         rate = [float(r["msgs_per_s"]) for r in rs]
         util = [float(r["core_util"]) for r in rs]
+        usr = sum(int(r.get("user_ticks", 0)) for r in rs)
+        tot = usr + sum(int(r.get("sys_ticks", 0)) for r in rs)
         print(f"{size} | {names[t]} | {join(rate, ',.0f')} | {join(us, '.3f')} | "
-              f"{med(us):.3f} | {med(util):.2f} | "
+              f"{med(us):.3f} | {med(util):.2f} | {usr / tot if tot else float('nan'):.2f} | "
               + (f"{join(rat, '.2f')} ({med(rat):.2f})" if t == "R" else "-"))
     tls = {r.get("tls") for r in rows}
     print(f"  negotiated (client side): {', '.join(sorted(x for x in tls if x))}")
