@@ -9,7 +9,8 @@
  *                frame's effect shows on its own); ignored until the
  *                broker has received a protocol header, as a broker does
  *             2  time passes: bytes[0] % 8 ms of the loop (timers: the
- *                config's tiers, confirm and finish timeouts are a few ms)
+ *                config's tiers, confirm and finish timeouts are a few ms),
+ *                then the server's tick (processing timeouts: 3 ms)
  *             3  writes to a side fail: bytes[0] bit 0 the side (1:
  *                broker), bits 1-2: at once (try_write), in a request
  *                (write), on completion, or no more failures
@@ -70,10 +71,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         "--retry-confirm-timeout", "5ms", "--retry-finish-timeout", "20ms",    \
         "--cache-per-connection", "256KiB", "--cache-total", "1MiB",           \
         "--handshake-timeout", handshake_timeout, "--retry-connection",        \
-        retry_connection, NULL                                                 \
+        retry_connection, "--processing-timeout", "3ms", NULL                  \
   }
 /* [separate][scripted] */
-static const char *const args[2][2][17] = {
+static const char *const args[2][2][19] = {
     {FUZZ_ARGS("50ms", "shared"), FUZZ_ARGS("10s", "shared")},
     {FUZZ_ARGS("50ms", "separate"), FUZZ_ARGS("10s", "separate")}};
 
@@ -447,6 +448,8 @@ static void op_wait(fz *z, const uint8_t *p, size_t len) {
   z->waited_ms += ms;
   if (ms)
     h_wait_ms(z->h, ms);
+  if (z->h->s)
+    px_session_tick(z->h->s, 3);
 }
 
 /* ---- one input ------------------------------------------------------- */
