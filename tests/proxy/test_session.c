@@ -1293,6 +1293,124 @@ static void test_separate_lost_twice_backs_off(void **state) {
   assert_int_equal(h_peer(h, H_PUB)->connects, 3);
 }
 
+/* ---- processing timeouts and lost consumers ----------------------------- */
+
+#define TIMEOUT_POLICY POLICY, "--processing-timeout", "50ms"
+
+/* Past its timeout, the janitor's tick copies the delivery (the retry
+ * path) and, once confirmed, acks it; the client's ack of it later is
+ * swallowed, counted. */
+static void test_timeout_copy_then_late_ack(void **state) {
+  static const char *const args[] = {TIMEOUT_POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  px_session_tick(h->s, 50);
+  h_expect_none(h, H_BROKER); /* not yet */
+  h_wait_ms(h, 60);
+  px_session_tick(h->s, 50);
+  expect_copy(h, true, 5);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  assert_int_equal(h->srv.stats.processing_timeouts, 1);
+  h_ack(h, H_CLIENT, 1, 1, false);
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.late_settles_swallowed, 1);
+  h_ack(h, H_CLIENT, 1, 1, false); /* once swallowed, a second goes on */
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+}
+
+/* The client's frames on the channel wait for the timeout's copy; a copy
+ * that fails leaves the delivery with the client (no requeue), and it is
+ * not timed out again. */
+static void test_timeout_copy_fails_client_keeps_it(void **state) {
+  static const char *const args[] = {TIMEOUT_POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_wait_ms(h, 60);
+  px_session_tick(h->s, 50);
+  expect_copy(h, true, 5);
+  h_ack(h, H_CLIENT, 1, 1, false); /* held behind the copy */
+  h_expect_none(h, H_BROKER);
+  h_nack(h, H_BROKER, h->own_ch, 1, false, false); /* the broker refuses */
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0"); /* the client's */
+  h_expect_none(h, H_BROKER);
+  h_wait_ms(h, 60);
+  px_session_tick(h->s, 50);
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.processing_timeouts, 0);
+  assert_int_equal(h->srv.stats.late_settles_swallowed, 0);
+}
+
+/* An ack multiple naming a timed-out tag goes on for the newest delivery
+ * below it (here one of a queue without a policy); one that covers only
+ * timed-out deliveries is swallowed. */
+static void test_timeout_ack_multiple_rewritten(void **state) {
+  static const char *const args[] = {TIMEOUT_POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 0);
+  h_consume(h, 1, 1, "other", "c2");
+  h_deliver(h, 1, "c2", 1, NULL, "plain", 5);
+  h_skip_until(h, H_CLIENT, "ch1 body len=5");
+  deliver(h, 2, "hello", 5);
+  h_wait_ms(h, 60);
+  px_session_tick(h->s, 50);
+  expect_copy(h, true, 5);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_ack(h, H_CLIENT, 1, 2, true);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=1");
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.late_settles_swallowed, 1);
+}
+
+/* basic.deliver with redelivered set, as the broker sends a delivery a
+ * lost consumer held. */
+static void deliver_again(harness *h, uint64_t tag) {
+  amqp_method m;
+  hbuf *b = h_buf(h);
+  amqp_method_init(&m, AMQP_BASIC_DELIVER);
+  m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr("c1");
+  m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = tag;
+  m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u = 1;
+  m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
+  m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
+  hb_method(b, 1, &m);
+  hb_header(b, 1, 5, NULL);
+  hb_body(b, 1, "hello", 5);
+  h_sendb(h, H_BROKER, b);
+  h_skip_until(h, H_CLIENT, "ch1 body len=5");
+}
+
+/* A client that hangs up holding a redelivered delivery as its oldest:
+ * that one (only) becomes a counted attempt, copied and acked before the
+ * broker's side is closed. */
+static void test_consumer_lost_counts_the_redelivered_head(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 0);
+  deliver_again(h, 1);
+  deliver_again(h, 2);
+  h_eof(h, H_CLIENT, UV_EOF);
+  expect_copy(h, true, 5);
+  h_expect_none(h, H_BROKER);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  client_leaves_answered(h);
+  assert_int_equal(h->srv.stats.consumer_lost, 1);
+}
+
+/* The same hang-up with a first delivery as the oldest: nothing counts
+ * (a restart), and a client's connection.close never counts. */
+static void test_consumer_lost_spares_first_deliveries(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  deliver_again(h, 2);
+  h_eof(h, H_CLIENT, UV_EOF);
+  client_leaves_answered(h);
+  assert_int_equal(h->srv.stats.consumer_lost, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_remap, teardown),
@@ -1317,6 +1435,14 @@ int main(void) {
       cmocka_unit_test_teardown(test_close_client_reset, teardown),
       cmocka_unit_test_teardown(test_close_client_eof_after_ack, teardown),
       cmocka_unit_test_teardown(test_close_client_eof_copy_in_flight, teardown),
+      cmocka_unit_test_teardown(test_timeout_copy_then_late_ack, teardown),
+      cmocka_unit_test_teardown(test_timeout_copy_fails_client_keeps_it,
+                                teardown),
+      cmocka_unit_test_teardown(test_timeout_ack_multiple_rewritten, teardown),
+      cmocka_unit_test_teardown(test_consumer_lost_counts_the_redelivered_head,
+                                teardown),
+      cmocka_unit_test_teardown(test_consumer_lost_spares_first_deliveries,
+                                teardown),
       cmocka_unit_test_teardown(test_close_client_hangs_up_after_close,
                                 teardown),
       cmocka_unit_test_teardown(test_close_by_client, teardown),
