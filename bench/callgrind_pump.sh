@@ -161,7 +161,7 @@ one_run() {
     fake_pid=$!
     PIDS+=("$fake_pid")
     for ((i = 0; i < 100; i++)); do
-        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out")
+        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out" 2>/dev/null || true)
         [ -n "$fake_port" ] && break
         kill -0 "$fake_pid" 2>/dev/null || die "fake_broker exited: $(cat "$WORK/fake.$tag.log")"
         sleep 0.1
@@ -234,7 +234,7 @@ idle_run() {
     fake_pid=$!
     PIDS+=("$fake_pid")
     for ((i = 0; i < 100; i++)); do
-        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out")
+        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out" 2>/dev/null || true)
         [ -n "$fake_port" ] && break
         sleep 0.1
     done
