@@ -19,7 +19,7 @@ const px_counter_family px_counter_families[] = {
 };
 
 static int queue_slot(px_server *srv, const char *q) {
-  return px_queues_slot(&srv->metrics.queues, q, uv_now(srv->loop));
+  return px_queues_slot(&srv->metrics.queues, q, srv->cfg_gen + 1);
 }
 
 /* Queues past the first PX_METRICS_MAX_QUEUES share the label "other". */
@@ -67,7 +67,7 @@ const char *px_metrics_queue_label(px_server *srv, int slot) {
 }
 
 void px_queue_count(px_server *srv, int qid, int what) {
-  px_queues_count(&srv->metrics.queues, qid, what, uv_now(srv->loop));
+  px_queues_count(&srv->metrics.queues, qid, what, srv->cfg_gen + 1);
 }
 
 static void hist_add(px_hist *h, uint64_t us) {

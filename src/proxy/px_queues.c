@@ -51,31 +51,25 @@ static int grow(px_queues *qs) {
   return 0;
 }
 
-int px_queues_slot(px_queues *qs, const char *name, uint64_t now_ms) {
+int px_queues_slot(px_queues *qs, const char *name, uint32_t gen) {
   if (qs->index_cap) {
     uint32_t i = probe(qs, name);
     if (qs->index[i] >= 0) {
-      qs->q[qs->index[i]].seen_ms = now_ms;
+      qs->q[qs->index[i]].seen_gen = gen;
       return qs->index[i];
     }
   }
   if (qs->n == PX_QUEUES_MAX || grow(qs) != 0) {
     snprintf(qs->other.name, sizeof qs->other.name, "other");
-    qs->other.seen_ms = now_ms;
+    qs->other.seen_gen = gen;
     return PX_QUEUES_MAX;
   }
   px_queue_stat *st = &qs->q[qs->n];
   memset(st, 0, sizeof *st);
   snprintf(st->name, sizeof st->name, "%s", name);
-  st->seen_ms = now_ms;
+  st->seen_gen = gen;
   qs->index[probe(qs, st->name)] = (int32_t)qs->n;
   return (int)qs->n++;
-}
-
-px_queue_stat *px_queues_at(px_queues *qs, int slot) {
-  if (slot < 0)
-    return NULL;
-  return (uint32_t)slot < qs->n ? &qs->q[slot] : &qs->other;
 }
 
 void px_queues_free(px_queues *qs) {

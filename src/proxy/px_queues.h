@@ -45,7 +45,8 @@ extern const char *const px_queue_count_names[PX_QC_COUNT];
 typedef struct px_queue_stat {
   char name[256];
   uint64_t n[PX_QC_COUNT];
-  uint64_t seen_ms; /* last consume-ok, delivery or count */
+  uint32_t seen_gen; /* the caller's generation (+1) at its last consume-ok,
+                        delivery or count; 0: none */
   /* the owner's (px_view.c): the queue's policy index (-1: none) matched
    * under config generation policy_gen - 1 (0: not matched yet), and the
    * flags already logged */
@@ -64,18 +65,26 @@ typedef struct px_queues {
 
 /* The slot of `name`, registered if new: 0 .. PX_QUEUES_MAX-1, or
  * PX_QUEUES_MAX ("other") when the registry is full or out of memory.
- * Marks it seen at `now_ms`. O(1) expected. */
-int px_queues_slot(px_queues *qs, const char *name, uint64_t now_ms);
+ * Marks it seen in generation `gen` (any non-zero value the caller
+ * chooses: px_counters.c gives the config generation + 1). O(1)
+ * expected. */
+int px_queues_slot(px_queues *qs, const char *name, uint32_t gen);
 
 /* The entry of a slot; NULL for a negative one (not registered). */
-px_queue_stat *px_queues_at(px_queues *qs, int slot);
+static inline px_queue_stat *px_queues_at(px_queues *qs, int slot) {
+  if (slot < 0)
+    return (px_queue_stat *)0;
+  return (uint32_t)slot < qs->n ? &qs->q[slot] : &qs->other;
+}
 
+/* Count one event for a slot (on the path of every delivery: a few
+ * instructions, no clock). */
 static inline void px_queues_count(px_queues *qs, int slot, int what,
-                                   uint64_t now_ms) {
+                                   uint32_t gen) {
   px_queue_stat *st = px_queues_at(qs, slot);
   if (st) {
     st->n[what]++;
-    st->seen_ms = now_ms;
+    st->seen_gen = gen;
   }
 }
 

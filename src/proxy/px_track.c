@@ -479,8 +479,9 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   }
   if (k->qid < 0) /* a no-wait consumer: the broker delivers, so it exists */
     k->qid = px_metrics_queue(s->srv, k->queue);
-  px_queue_count(s->srv, k->qid,
-                 k->no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED);
+  px_queues_count(&s->srv->metrics.queues, k->qid,
+                  k->no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED,
+                  s->srv->cfg_gen + 1);
   if (k->no_ack)
     return false;
   if (k->gen != s->srv->cfg_gen) { /* reloaded: the new policy decides */

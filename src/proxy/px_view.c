@@ -104,7 +104,7 @@ static void json_unsettled(px_admin_response *r, const px_view_unsettled *u,
                            uint64_t now_us);
 
 static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
-                       uint64_t now, const px_view_unsettled *u) {
+                       const px_view_unsettled *u) {
   int p = policy_of(srv, q);
   px_admin_printf(r, "{\"name\":");
   px_admin_json_string(r, q->name);
@@ -117,8 +117,8 @@ static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
   for (int i = 0; i < PX_QC_COUNT; i++)
     px_admin_printf(r, ",\"%s\":%llu", px_queue_count_names[i],
                     (unsigned long long)q->n[i]);
-  px_admin_printf(r, ",\"seen_seconds_ago\":%.3f",
-                  (double)(now - q->seen_ms) / 1000.0);
+  px_admin_printf(r, ",\"seen_since_reload\":%s",
+                  q->seen_gen == srv->cfg_gen + 1 ? "true" : "false");
   if (u)
     json_unsettled(r, u, uv_hrtime() / 1000);
   json_flags(r, flags_of(srv, q));
@@ -131,7 +131,7 @@ static void count_matches(px_server *srv, uint32_t *matched) {
   memset(matched, 0, PX_MAX_RULES * sizeof *matched);
   for (uint32_t i = 0; i < qs->n; i++) {
     int p = policy_of(srv, &qs->q[i]);
-    if (p >= 0 && qs->q[i].seen_ms >= srv->cfg_since_ms)
+    if (p >= 0 && qs->q[i].seen_gen == srv->cfg_gen + 1)
       matched[p]++;
   }
 }
@@ -228,7 +228,6 @@ static void json_unsettled(px_admin_response *r, const px_view_unsettled *u,
 typedef struct queues_stream {
   px_server *srv;
   uint32_t next; /* slot to write next; n: "other", then the end */
-  uint64_t now;
   uint32_t nper;
   px_view_unsettled *per; /* per slot, "other" last; NULL: no memory */
 } queues_stream;
@@ -253,15 +252,13 @@ static bool queues_produce(void *arg, px_admin_response *r) {
   px_queues *qs = &st->srv->metrics.queues;
   for (; st->next < qs->n && r->len < PX_ADMIN_SLICE; st->next++) {
     px_admin_printf(r, "%s", st->next ? "," : "");
-    json_queue(st->srv, r, &qs->q[st->next], st->now,
-               unsettled_of(st, st->next));
+    json_queue(st->srv, r, &qs->q[st->next], unsettled_of(st, st->next));
   }
   if (st->next < qs->n)
     return true;
   px_admin_printf(r, "],\"other\":");
   if (qs->other.name[0])
-    json_queue(st->srv, r, &qs->other, st->now,
-               st->per ? &st->per[st->nper - 1] : NULL);
+    json_queue(st->srv, r, &qs->other, st->per ? &st->per[st->nper - 1] : NULL);
   else
     px_admin_printf(r, "null");
   px_admin_printf(r, ",");
@@ -274,8 +271,8 @@ void px_view_queues_render(px_server *srv, px_admin_response *r) {
   queues_stream *st = malloc(sizeof *st);
   uint32_t nper = srv->metrics.queues.n + 1;
   if (st) {
-    *st = (queues_stream){srv, 0, uv_now(srv->loop), nper,
-                          malloc(nper * sizeof(px_view_unsettled))};
+    *st =
+        (queues_stream){srv, 0, nper, malloc(nper * sizeof(px_view_unsettled))};
     if (st->per)
       px_view_scan(srv, st->per, nper, NULL, 0);
   }
@@ -314,14 +311,13 @@ static void json_oldest(px_server *srv, px_admin_response *r) {
 
 void px_view_summary(px_server *srv, px_admin_response *r) {
   px_queues *qs = &srv->metrics.queues;
-  uint64_t now = uv_now(srv->loop);
   unsigned listed = 0;
   px_admin_printf(r, "\"in_effect\":{\"queues_seen\":%u,\"flagged\":[",
                   (unsigned)qs->n);
   for (uint32_t i = 0; i < qs->n && listed < SUMMARY_MAX; i++)
     if (flags_of(srv, &qs->q[i])) {
       px_admin_printf(r, "%s", listed++ ? "," : "");
-      json_queue(srv, r, &qs->q[i], now, NULL);
+      json_queue(srv, r, &qs->q[i], NULL);
     }
   px_admin_printf(r, "],");
   json_policies(srv, r);
