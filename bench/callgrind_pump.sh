@@ -115,21 +115,7 @@ proxy_cmd() {
             bind="$bind ssl crt $CERTS/haproxy.pem"
             server="$server ssl verify required ca-file $CERTS/ca.pem sni str(localhost) verifyhost localhost"
         fi
-        cat >"$WORK/haproxy.$3.cfg" <<EOF
-global
-    nbthread 1
-    maxconn 9000
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-frontend fe
-    bind $bind
-    default_backend be
-backend be
-    server upstream $server
-EOF
+        haproxy_cfg "$bind" "$server" >"$WORK/haproxy.$3.cfg"
         echo haproxy -db -f "$WORK/haproxy.$3.cfg"
     elif [ "$TLS" = 1 ]; then
         echo "$REBOUND" --listen off --tls-listen "127.0.0.1:$1" \
