@@ -36,9 +36,14 @@ def run_with(path, broker, tmp_path):
 def test_sample_config(broker, tmp_path):
     status = run_with(os.path.join(DEPLOY, "rebound.yaml"), broker, tmp_path)
     policies = status["config"]["retry"]["policies"]
-    assert [p["queues"] for p in policies] == [["print.render*"], ["*"]]
-    assert policies[1]["tiers"] == ["5s", "30s", "2m"]
-    assert policies[1]["max_attempts"] == 5
+    assert [p["queues"] for p in policies] == [["print.render*"], ["mail.*"],
+                                               ["*"]]
+    assert policies[2]["tiers"] == ["5s", "30s", "2m"]
+    assert policies[2]["max_attempts"] == 5
+    mail = policies[1]
+    assert len(mail["tiers"]) == 28 and mail["processing_timeout"] == "15m"
+    assert mail["backoff"] == {"initial": "1s", "max": "10m",
+                               "multiplier": 2, "jitter": 0.2, "buckets": 4}
     assert status["config"]["cache_per_connection"] == 8 << 20
 
 
