@@ -650,10 +650,13 @@ static void unpark_to_defers(px_session *s) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
-    if (d && f->timeout)
+    if (d && f->timeout) {
       timeout_abandoned(s, c, d, WHY_DISCARDED);
-    else if (d)
+      if (!c->track.retries_pending && !c->track.defers_pending)
+        px_life_release_held(s, c);
+    } else if (d) {
       requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
+    }
   }
   px_ring_free(&todo);
 }
@@ -698,13 +701,15 @@ static void channel_timeouts(px_session *s, px_chan *c, uint64_t now_us,
 void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
   const px_tab *tab = &s->by_client;
   uint64_t now = now_us();
-  if (!shortest_ms || !px_life_is_open(s) || s->own_state != PX_OWN_READY ||
-      s->own_blocked)
+  if (!shortest_ms || !px_life_is_open(s) || px_life_conn_held(s) ||
+      s->own_state != PX_OWN_READY || s->own_blocked)
     return;
   for (uint32_t b = 0; b < tab->nblocks; b++)
     for (uint32_t i = 0; tab->blocks[b] && i < 64; i++) {
       px_chan *c = tab->blocks[b][i];
-      if (c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost)
+      /* held frames may hold the client's settle of the very delivery */
+      if (c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost &&
+          !px_chan_nheld(c))
         channel_timeouts(s, c, now, (uint64_t)shortest_ms * 1000);
     }
 }
@@ -718,6 +723,10 @@ void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
  * restart, is never counted). NULL when there is none. */
 static px_delivery *lost_in_hand(px_session *s, px_chan *c) {
   px_track *t = &c->track;
+  /* frames held (the client's settles among them) or a delivery already
+   * timed out (the one it was stuck on): which was in hand is unknown */
+  if (px_chan_nheld(c) || t->nexpired)
+    return NULL;
   for (uint32_t i = 0; i < t->dl.r.n; i++) {
     px_delivery *d = px_dl_at(t, i);
     if (d->state == PX_DL_GONE)
@@ -739,11 +748,14 @@ static void lost_scan(px_session *s) {
                            : NULL;
       if (!d)
         continue;
-      px_queue_count(s->srv, d->qid, PX_QC_CONSUMER_LOST);
-      s->srv->stats.consumer_lost++;
-      s->next_lost = true;
+      d->flags |= PX_DLF_LOST;
       const char *why = try_retry(s, c, d, false);
-      s->next_lost = false;
+      if (why) {
+        d->flags &= (uint8_t)~PX_DLF_LOST;
+      } else {
+        px_queue_count(s->srv, d->qid, PX_QC_CONSUMER_LOST);
+        s->srv->stats.consumer_lost++;
+      }
       px_info("consumer_lost", PX_U("id", s->id), PX_S("peer", s->peer),
               PX_S("queue", px_dl_queue(d)), PX_U("channel", c->client_ch),
               PX_U("delivery_tag", d->tag),
@@ -782,8 +794,13 @@ static int settle_below(px_session *s, px_chan *c, amqp_method *m,
     act = c->tx ? px_retry_requeue_tx(s, c, m) : px_retry_requeue(s, c, m);
   else
     px_track_client_method(s, c, m);
-  if (act == PX_HOLD) /* replayed later: rewritten again then */
-    return px_track_expired_add(c, orig) == 0 ? PX_HOLD : PX_DROP;
+  if (act == PX_HOLD) { /* replayed later: rewritten again then */
+    if (px_track_expired_add(c, orig) != 0)
+      px_warn("late_settle_not_kept", PX_U("id", s->id),
+              PX_U("channel", c->client_ch), PX_U("delivery_tag", orig),
+              PX_S("reason", "no room: its replay goes on as sent"));
+    return PX_HOLD;
+  }
   if (act == PX_FORWARD) {
     px_out_status st = px_out_method(&s->out, &s->upstream, c->up_ch, m);
     (void)st; /* a failure is kept: the session closes over it */
@@ -808,7 +825,8 @@ int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m) {
     return PX_DROP;
   }
   if (tag->u == 0 || !px_track_expired_has(c, tag->u)) {
-    px_track_expired_drop(c, tag->u, true); /* covered, none is the tag */
+    /* covered, none is the tag: the broker ignores them in the range */
+    swallowed(s, c, tag->u, px_track_expired_drop(c, tag->u, true));
     return PX_FORWARD;
   }
   uint64_t orig = tag->u, below = px_track_below(c, orig);
@@ -832,10 +850,10 @@ static uint32_t jitter_draw(void) {
 }
 
 /* Why the delivery failed, for a dead-letter copy's reason. */
-static const char *failure_reason(const px_session *s) {
-  return s->next_lost      ? "consumer-lost"
-         : s->next_timeout ? "processing-timeout"
-                           : "max-attempts";
+static const char *failure_reason(const px_session *s, const px_delivery *d) {
+  return d->flags & PX_DLF_LOST ? "consumer-lost"
+         : s->next_timeout      ? "processing-timeout"
+                                : "max-attempts";
 }
 
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
@@ -874,7 +892,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return NULL;
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
-  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(s),
+  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(s, d),
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
@@ -1540,7 +1558,7 @@ bool px_retry_busy(const px_session *s) {
 void px_retry_own_ready(px_session *s) {
   if (s->ops.n == 0)
     unpark(s);
-  if (s->lost_waiting && !s->own_blocked) {
+  if (s->lost_waiting && s->own_state == PX_OWN_READY && !s->own_blocked) {
     s->lost_waiting = false;
     lost_scan(s);
   }

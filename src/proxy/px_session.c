@@ -151,7 +151,10 @@ static void client_stop_writing(px_session *s) {
  * (or no broker to finish it with). */
 static bool client_gone_finish(px_session *s, bool write_failed) {
   bool gone = s->phase == PX_PHASE_CLIENT_GONE;
-  if (!gone && s->upstream.connected && px_life_is_open(s))
+  /* a client whose connection.close is held (copies in flight) closed:
+   * a restart, never a lost consumer */
+  if (!gone && s->upstream.connected && px_life_is_open(s) &&
+      !px_life_conn_held(s))
     px_retry_consumer_lost(s);
   if (!px_retry_busy(s) || !s->upstream.connected || gone)
     return gone;

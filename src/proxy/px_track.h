@@ -57,7 +57,9 @@ typedef enum px_dl_state {
 enum {
   PX_DLF_TIMEOUT_FAILED = 1, /* its timeout's copy failed: the client keeps
                                 it */
-  PX_DLF_REDELIVERED = 2     /* the broker said it was delivered before */
+  PX_DLF_REDELIVERED = 2,    /* the broker said it was delivered before */
+  PX_DLF_LOST = 4            /* counted for a lost consumer: its copies say
+                                consumer-lost, through parking and retries */
 };
 
 typedef struct px_delivery {

@@ -1411,6 +1411,29 @@ static void test_consumer_lost_spares_first_deliveries(void **state) {
   assert_int_equal(h->srv.stats.consumer_lost, 0);
 }
 
+/* The client acked its oldest delivery, but the ack waits behind a held
+ * frame when it hangs up: nothing is counted (the ack may say it was
+ * done), and the held frames go on once the copy in flight is acked. */
+static void test_consumer_lost_not_with_held_frames(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 0);
+  deliver_again(h, 1);
+  deliver_again(h, 2);
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  expect_copy(h, true, 5);
+  h_simple(h, H_CLIENT, 1, AMQP_BASIC_QOS); /* held behind the copy */
+  h_ack(h, H_CLIENT, 1, 1, false);          /* held behind that */
+  h_expect_none(h, H_BROKER);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect_none(h, H_BROKER); /* no copy of delivery 1 */
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_skip_until(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  client_leaves_answered(h);
+  assert_int_equal(h->srv.stats.consumer_lost, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_remap, teardown),
@@ -1442,6 +1465,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_consumer_lost_counts_the_redelivered_head,
                                 teardown),
       cmocka_unit_test_teardown(test_consumer_lost_spares_first_deliveries,
+                                teardown),
+      cmocka_unit_test_teardown(test_consumer_lost_not_with_held_frames,
                                 teardown),
       cmocka_unit_test_teardown(test_close_client_hangs_up_after_close,
                                 teardown),
