@@ -25,6 +25,22 @@ void px_tab_free(px_tab *t) {
   t->max = 0;
 }
 
+px_chan *px_tab_next(const px_tab *t, uint32_t *cursor) {
+  for (uint32_t i = *cursor; t->blocks && i < t->nblocks * 64u; i++) {
+    px_chan **block = t->blocks[i >> 6];
+    if (!block) {
+      i |= 63; /* the whole block is empty */
+      continue;
+    }
+    if (block[i & 63]) {
+      *cursor = i + 1;
+      return block[i & 63];
+    }
+  }
+  *cursor = t->blocks ? t->nblocks * 64u : 0;
+  return NULL;
+}
+
 int px_tab_set(px_tab *t, uint16_t ch, px_chan *c) {
   uint32_t b = ch >> 6;
   if (ch == 0 || ch > t->max)

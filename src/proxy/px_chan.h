@@ -70,6 +70,11 @@ static inline px_chan *px_tab_get(const px_tab *t, uint16_t ch) {
   return t->blocks[b][ch & 63];
 }
 
+/* The channels of a table in number order: start with *cursor = 0; NULL
+ * after the last. Freeing the channel just returned is allowed (the
+ * table itself is not read for it again). */
+px_chan *px_tab_next(const px_tab *t, uint32_t *cursor);
+
 /* Set (or, with NULL, clear) an entry. Returns 0, or -1 when `ch` is out of
  * range or memory is short. */
 int px_tab_set(px_tab *t, uint16_t ch, px_chan *c);

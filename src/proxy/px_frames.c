@@ -72,15 +72,12 @@ void px_frames_chan_release(px_session *s, px_chan *c) {
 }
 
 void px_frames_chans_free(px_session *s) {
-  for (uint32_t b = 0; s->by_client.blocks && b < s->by_client.nblocks; b++)
-    for (int i = 0; s->by_client.blocks[b] && i < 64; i++) {
-      px_chan *c = s->by_client.blocks[b][i];
-      if (c) {
-        px_track_free(s, c);
-        px_chan_drop_held(c);
-        free(c);
-      }
-    }
+  uint32_t at = 0;
+  for (px_chan *c; (c = px_tab_next(&s->by_client, &at));) {
+    px_track_free(s, c);
+    px_chan_drop_held(c);
+    free(c);
+  }
   px_tab_free(&s->by_client);
   px_tab_free(&s->by_up);
 }

@@ -664,6 +664,14 @@ static void unpark_to_defers(px_session *s) {
 /* ---- processing timeouts --------------------------------------------------
  */
 
+/* A channel whose deliveries rebound may act on by itself: open, not in a
+ * transaction, every delivery tracked, and no client frame held (one of
+ * them may settle the very delivery). */
+static bool plain_channel(const px_chan *c) {
+  return c->state == PX_CH_OPEN && !c->tx && !c->track.lost &&
+         !px_chan_nheld(c);
+}
+
 /* Start the copy of a delivery held past its policy's processing_timeout:
  * the retry path, as if the client had nacked it, except that a failure
  * leaves it with the client. */
@@ -699,19 +707,14 @@ static void channel_timeouts(px_session *s, px_chan *c, uint64_t now_us,
 }
 
 void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
-  const px_tab *tab = &s->by_client;
   uint64_t now = now_us();
+  uint32_t at = 0;
   if (!shortest_ms || !px_life_is_open(s) || px_life_conn_held(s) ||
       s->own_state != PX_OWN_READY || s->own_blocked)
     return;
-  for (uint32_t b = 0; b < tab->nblocks; b++)
-    for (uint32_t i = 0; tab->blocks[b] && i < 64; i++) {
-      px_chan *c = tab->blocks[b][i];
-      /* held frames may hold the client's settle of the very delivery */
-      if (c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost &&
-          !px_chan_nheld(c))
-        channel_timeouts(s, c, now, (uint64_t)shortest_ms * 1000);
-    }
+  for (px_chan *c; (c = px_tab_next(&s->by_client, &at));)
+    if (plain_channel(c)) /* held frames may hold the client's settle */
+      channel_timeouts(s, c, now, (uint64_t)shortest_ms * 1000);
 }
 
 /* ---- consumers lost ------------------------------------------------------
@@ -723,9 +726,9 @@ void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
  * restart, is never counted). NULL when there is none. */
 static px_delivery *lost_in_hand(px_session *s, px_chan *c) {
   px_track *t = &c->track;
-  /* frames held (the client's settles among them) or a delivery already
-   * timed out (the one it was stuck on): which was in hand is unknown */
-  if (px_chan_nheld(c) || t->nexpired)
+  /* a delivery already timed out (the one it was stuck on): which was
+   * in hand is unknown */
+  if (t->nexpired)
     return NULL;
   for (uint32_t i = 0; i < t->dl.r.n; i++) {
     px_delivery *d = px_dl_at(t, i);
@@ -739,28 +742,24 @@ static px_delivery *lost_in_hand(px_session *s, px_chan *c) {
 }
 
 static void lost_scan(px_session *s) {
-  const px_tab *tab = &s->by_client;
-  for (uint32_t b = 0; b < tab->nblocks; b++)
-    for (uint32_t i = 0; tab->blocks[b] && i < 64; i++) {
-      px_chan *c = tab->blocks[b][i];
-      px_delivery *d = c && c->state == PX_CH_OPEN && !c->tx && !c->track.lost
-                           ? lost_in_hand(s, c)
-                           : NULL;
-      if (!d)
-        continue;
-      d->flags |= PX_DLF_LOST;
-      const char *why = try_retry(s, c, d, false);
-      if (why) {
-        d->flags &= (uint8_t)~PX_DLF_LOST;
-      } else {
-        px_queue_count(s->srv, d->qid, PX_QC_CONSUMER_LOST);
-        s->srv->stats.consumer_lost++;
-      }
-      px_info("consumer_lost", PX_U("id", s->id), PX_S("peer", s->peer),
-              PX_S("queue", px_dl_queue(d)), PX_U("channel", c->client_ch),
-              PX_U("delivery_tag", d->tag),
-              PX_S("action", why ? why : "counted as a failed attempt"));
+  uint32_t at = 0;
+  for (px_chan *c; (c = px_tab_next(&s->by_client, &at));) {
+    px_delivery *d = plain_channel(c) ? lost_in_hand(s, c) : NULL;
+    if (!d)
+      continue;
+    d->flags |= PX_DLF_LOST;
+    const char *why = try_retry(s, c, d, false);
+    if (why) {
+      d->flags &= (uint8_t)~PX_DLF_LOST;
+    } else {
+      px_queue_count(s->srv, d->qid, PX_QC_CONSUMER_LOST);
+      s->srv->stats.consumer_lost++;
     }
+    px_info("consumer_lost", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_S("queue", px_dl_queue(d)), PX_U("channel", c->client_ch),
+            PX_U("delivery_tag", d->tag),
+            PX_S("action", why ? why : "counted as a failed attempt"));
+  }
 }
 
 void px_retry_consumer_lost(px_session *s) {

@@ -1026,11 +1026,9 @@ static void chan_unsettled(const px_session *s, const px_chan *c,
 void px_session_unsettled(const px_session *s,
                           void (*fn)(void *arg, const px_unsettled *u),
                           void *arg) {
-  const px_tab *t = &s->by_client;
-  for (uint32_t b = 0; b < t->nblocks; b++)
-    for (uint32_t i = 0; t->blocks[b] && i < 64; i++)
-      if (t->blocks[b][i])
-        chan_unsettled(s, t->blocks[b][i], fn, arg);
+  uint32_t at = 0;
+  for (px_chan *c; (c = px_tab_next(&s->by_client, &at));)
+    chan_unsettled(s, c, fn, arg);
 }
 
 void px_session_tick(px_session *s, uint32_t shortest_timeout_ms) {
