@@ -59,9 +59,6 @@ typedef struct px_retry_op {
   char tier[16];                  /* "1s", for metrics */
   uint64_t refused_ms;            /* when the broker first nacked a copy of this
                                      delivery (the loop's clock; 0: never) */
-  bool timeout; /* made for a processing timeout: the client keeps the
-                   delivery if it fails, and its late settle is swallowed
-                   once it is confirmed */
 } px_retry_op;
 
 /* A requeue held back until `due_ms` (the loop's clock). */
@@ -78,7 +75,6 @@ typedef struct px_defer {
   bool again;      /* parked: a republish (px_retry_op.again) */
   const char *why; /* static: the metric's label when it is sent */
   uint64_t refused_ms; /* as px_retry_op.refused_ms */
-  bool timeout;        /* parked: as px_retry_op.timeout */
 } px_defer;
 
 /* Reasons a copy failed that a later copy may not meet: it was not
@@ -451,7 +447,6 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->refused_ms = s->next_refused_ms;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->reason = reason;
-  op->timeout = s->next_timeout;
   memcpy(op->target, plan->target, plan->target_len + 1);
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
@@ -556,17 +551,8 @@ static int park(px_session *s, const px_chan *c, const px_delivery *d,
   if (px_ring_reserve(&s->parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return -1;
   *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
-      (px_defer){0,
-                 d->tag,
-                 c->client_ch,
-                 c->gen,
-                 is_reject,
-                 false,
-                 true,
-                 s->next_again,
-                 NULL,
-                 s->next_refused_ms,
-                 s->next_timeout};
+      (px_defer){0,     d->tag, c->client_ch,  c->gen, is_reject,
+                 false, true,   s->next_again, NULL,   s->next_refused_ms};
   return 0;
 }
 
@@ -582,7 +568,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 static void timeout_abandoned(px_session *s, px_chan *c, px_delivery *d,
                               const char *why) {
   d->state = PX_DL_CACHED;
-  d->flags |= PX_DLF_TIMEOUT_FAILED;
+  d->flags = (uint8_t)((d->flags & ~PX_DLF_TIMING_OUT) | PX_DLF_TIMEOUT_FAILED);
   px_warn("processing_timeout_failed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("channel", c->client_ch), PX_U("delivery_tag", d->tag),
           PX_S("reason", why), PX_S("action", "left with the client"));
@@ -617,12 +603,10 @@ static void unpark(px_session *s) {
       continue; /* the channel went: the broker requeued it */
     s->next_again = f->again;
     s->next_refused_ms = f->refused_ms;
-    s->next_timeout = f->timeout;
     const char *why = try_retry(s, c, d, f->is_reject);
     s->next_again = false;
     s->next_refused_ms = 0;
-    s->next_timeout = false;
-    if (why && f->timeout)
+    if (why && (d->flags & PX_DLF_TIMING_OUT))
       timeout_abandoned(s, c, d, why);
     else if (why)
       requeue_or_defer(s, c, d, f->is_reject, false, why);
@@ -650,7 +634,7 @@ static void unpark_to_defers(px_session *s) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
-    if (d && f->timeout) {
+    if (d && (d->flags & PX_DLF_TIMING_OUT)) {
       timeout_abandoned(s, c, d, WHY_DISCARDED);
       if (!c->track.retries_pending && !c->track.defers_pending)
         px_life_release_held(s, c);
@@ -676,9 +660,8 @@ static bool plain_channel(const px_chan *c) {
  * the retry path, as if the client had nacked it, except that a failure
  * leaves it with the client. */
 static void time_out(px_session *s, px_chan *c, px_delivery *d) {
-  s->next_timeout = true;
+  d->flags |= PX_DLF_TIMING_OUT;
   const char *why = try_retry(s, c, d, false);
-  s->next_timeout = false;
   if (why) {
     timeout_abandoned(s, c, d, why);
     return;
@@ -849,10 +832,10 @@ static uint32_t jitter_draw(void) {
 }
 
 /* Why the delivery failed, for a dead-letter copy's reason. */
-static const char *failure_reason(const px_session *s, const px_delivery *d) {
-  return d->flags & PX_DLF_LOST ? "consumer-lost"
-         : s->next_timeout      ? "processing-timeout"
-                                : "max-attempts";
+static const char *failure_reason(const px_delivery *d) {
+  return d->flags & PX_DLF_LOST         ? "consumer-lost"
+         : d->flags & PX_DLF_TIMING_OUT ? "processing-timeout"
+                                        : "max-attempts";
 }
 
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
@@ -891,7 +874,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return NULL;
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
-  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(s, d),
+  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(d),
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
@@ -1256,11 +1239,10 @@ static bool republish(px_session *s, px_chan *c, px_delivery *d,
 }
 
 /* rebound acked a delivery the client still holds: counted, logged. */
-static void timed_out(px_session *s, px_chan *c, const px_retry_op *op) {
-  const px_delivery *d = px_track_find(c, op->tag);
+static void timed_out(px_session *s, const px_retry_op *op,
+                      const px_delivery *d) {
   s->srv->stats.processing_timeouts++;
-  if (d)
-    px_queue_count(s->srv, d->qid, PX_QC_TIMED_OUT);
+  px_queue_count(s->srv, d->qid, PX_QC_TIMED_OUT);
   px_info("processing_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", op->queue), PX_U("channel", op->client_ch),
           PX_U("delivery_tag", op->tag), PX_S("target", op->target),
@@ -1278,17 +1260,18 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
             PX_S("reason", "channel closed; the broker requeued the delivery"));
     return;
   }
-  if (ok && op->timeout && px_track_expired_add(c, op->tag) != 0) {
+  px_delivery *d = px_track_find(c, op->tag);
+  bool timeout = d && (d->flags & PX_DLF_TIMING_OUT);
+  if (ok && timeout && px_track_expired_add(c, op->tag) != 0) {
     ok = false; /* its settle could not be swallowed: not acked here */
     why = "too many timed-out deliveries on the channel";
   }
   if (ok) {
     if (!emit_settle(s, c, AMQP_BASIC_ACK, op->tag, false))
       return;
-    if (op->timeout)
-      timed_out(s, c, op);
+    if (timeout)
+      timed_out(s, op, d);
     px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
-    const px_delivery *d = px_track_find(c, op->tag);
     px_queue_count(s->srv, d ? d->qid : px_metrics_queue(s->srv, op->queue),
                    op->dead_letter ? PX_QC_DEAD_LETTERED : PX_QC_RETRIED);
     if (op->dead_letter) {
@@ -1304,12 +1287,9 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
                PX_S("target", op->target), PX_U("latency_us", us));
     }
     px_track_settle(s, c, op->tag, false);
-  } else if (op->timeout) {
-    px_delivery *d = px_track_find(c, op->tag);
-    if (d)
-      timeout_abandoned(s, c, d, why);
+  } else if (timeout) {
+    timeout_abandoned(s, c, d, why);
   } else {
-    px_delivery *d = px_track_find(c, op->tag);
     if (d)
       d->state = PX_DL_CACHED;                   /* no longer being retried */
     bool again = d && refused(s, c, d, op, why); /* after the delay */

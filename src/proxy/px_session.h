@@ -225,7 +225,6 @@ typedef struct px_session {
   char **alt_declared; /* declared here with the other type's arguments */
   uint32_t nalt_declared;
   bool next_again;   /* the copy being started is a republish */
-  bool next_timeout; /* ... is for a processing timeout */
   bool lost_waiting; /* the client went while rebound's channel was opening:
                         px_retry_consumer_lost() runs once it is ready */
   bool late_settle_logged;  /* late_settle_swallowed written once */

@@ -58,8 +58,11 @@ enum {
   PX_DLF_TIMEOUT_FAILED = 1, /* its timeout's copy failed: the client keeps
                                 it */
   PX_DLF_REDELIVERED = 2,    /* the broker said it was delivered before */
-  PX_DLF_LOST = 4            /* counted for a lost consumer: its copies say
+  PX_DLF_LOST = 4,           /* counted for a lost consumer: its copies say
                                 consumer-lost, through parking and retries */
+  PX_DLF_TIMING_OUT = 8      /* its copy is for a processing timeout: a
+                                failure leaves it with the client, success
+                                swallows the client's settle */
 };
 
 typedef struct px_delivery {
