@@ -1434,6 +1434,30 @@ static void test_consumer_lost_not_with_held_frames(void **state) {
   assert_int_equal(h->srv.stats.consumer_lost, 0);
 }
 
+/* A client that sent connection.close (held behind a copy in flight) and
+ * then hangs up restarted, it did not crash: its redelivered oldest
+ * delivery is not counted; the copy in flight is finished and the close
+ * goes on. */
+static void test_consumer_lost_not_after_connection_close(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  hbuf *close = h_buf(h);
+  consuming(h, 0);
+  deliver_again(h, 1);
+  deliver_again(h, 2);
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  expect_copy(h, true, 5);
+  connection_close(close);
+  h_send(h, H_CLIENT, close->p, close->len);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_expect_none(h, H_BROKER); /* no copy of delivery 1 */
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_expect_bytes(h, H_BROKER, close->p, close->len);
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.consumer_lost, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_remap, teardown),
@@ -1467,6 +1491,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_consumer_lost_spares_first_deliveries,
                                 teardown),
       cmocka_unit_test_teardown(test_consumer_lost_not_with_held_frames,
+                                teardown),
+      cmocka_unit_test_teardown(test_consumer_lost_not_after_connection_close,
                                 teardown),
       cmocka_unit_test_teardown(test_close_client_hangs_up_after_close,
                                 teardown),
