@@ -27,6 +27,7 @@ import pytest
 import rbtest
 from retryhelp import direct, dlq
 from test_admin import admin_rebound, metrics
+from test_retry_kombu import drain
 from test_tls import certs, tls_broker, tls_rebound
 
 assert certs and tls_broker and direct  # fixtures
@@ -131,18 +132,6 @@ def kombu_connect(rb, certs, tls):
         assert sock.version() in ("TLSv1.2", "TLSv1.3")
         assert ("DNS", "localhost") in sock.getpeercert()["subjectAltName"]
     return conn
-
-
-def drain(conn, until, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() >= deadline:
-            raise AssertionError("timed out after %ds waiting for %s" % (
-                timeout, what() if callable(what) else what))
-        try:
-            conn.drain_events(timeout=0.1)
-        except (TimeoutError, socket.timeout):
-            pass
 
 
 def binary_bodies():
