@@ -78,6 +78,17 @@ static int joined(loader *l, yaml_node_t *n, char *out, size_t cap) {
   return 0;
 }
 
+/* A number of the backoff mapping (its range is checked when the rule is
+ * compiled): 0, or -1 (failed, naming `key` and the `form` expected). */
+static int backoff_number(loader *l, yaml_node_t *v, const char *s, double *out,
+                          const char *key, const char *form) {
+  char *end;
+  *out = strtod(s, &end);
+  if (*s && !*end)
+    return 0;
+  return fail(l, v, "backoff: %s '%s': expected %s", key, s, form);
+}
+
 /* One key of a policy's backoff mapping into `b`: 0, or -1 (failed). */
 static int backoff_key(loader *l, const char *key, yaml_node_t *v,
                        retry_backoff *b) {
@@ -92,22 +103,11 @@ static int backoff_key(loader *l, const char *key, yaml_node_t *v,
                 "2m, 1h (at most 24h)",
                 key, s);
   }
-  if (s && strcmp(key, "multiplier") == 0) {
-    b->multiplier = strtod(s, &end);
-    return *s && !*end ? 0
-                       : fail(l, v,
-                              "backoff: multiplier '%s': expected "
-                              "a number 1..100",
-                              s);
-  }
-  if (s && strcmp(key, "jitter") == 0) {
-    b->jitter = strtod(s, &end);
-    return *s && !*end ? 0
-                       : fail(l, v,
-                              "backoff: jitter '%s': expected a "
-                              "fraction 0..0.5",
-                              s);
-  }
+  if (s && strcmp(key, "multiplier") == 0)
+    return backoff_number(l, v, s, &b->multiplier, "multiplier",
+                          "a number 1..100");
+  if (s && strcmp(key, "jitter") == 0)
+    return backoff_number(l, v, s, &b->jitter, "jitter", "a fraction 0..0.5");
   if (s && strcmp(key, "buckets") == 0) {
     long n = strtol(s, &end, 10);
     b->buckets = *s && !*end && n >= 0 && n <= 1000 ? (unsigned)n : 1000;

@@ -1,5 +1,6 @@
 #include "retry_plan.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,17 +60,22 @@ void retry_backoff_default(retry_backoff *b) {
 
 #define RETRY_DELAY_MAX_MS (24u * 3600 * 1000) /* as retry_delay_parse */
 
-static int bad(char *err, size_t cap, const char *fmt, double v) {
-  snprintf(err, cap, fmt, v);
+static int bad(char *err, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(char *err, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, cap, fmt, ap);
+  va_end(ap);
   return -1;
 }
 
 static int check_backoff(const retry_backoff *b, char *err, size_t cap) {
   if (b->initial_ms == 0 || b->max_ms < b->initial_ms)
     return bad(err, cap,
-               "backoff: max (%.0fms) must be at least initial, both "
+               "backoff: max (%ums) must be at least initial, both "
                "delays like 500ms, 1s, 2m",
-               b->max_ms);
+               (unsigned)b->max_ms);
   if (!(b->multiplier >= 1 && b->multiplier <= 100))
     return bad(err, cap, "backoff: multiplier %g: expected a number 1..100",
                b->multiplier);
@@ -77,11 +83,11 @@ static int check_backoff(const retry_backoff *b, char *err, size_t cap) {
     return bad(err, cap, "backoff: jitter %g: expected a fraction 0..0.5",
                b->jitter);
   if (b->buckets < 1 || b->buckets > RETRY_MAX_BUCKETS)
-    return bad(err, cap, "backoff: buckets %.0f: expected a whole number 1..8",
+    return bad(err, cap, "backoff: buckets %u: expected a whole number 1..8",
                b->buckets);
   if ((double)b->max_ms * (1 + b->jitter) > RETRY_DELAY_MAX_MS)
-    return bad(err, cap, "backoff: max %.0fms plus jitter exceeds 24h",
-               b->max_ms);
+    return bad(err, cap, "backoff: max %ums plus jitter exceeds 24h",
+               (unsigned)b->max_ms);
   return 0;
 }
 
@@ -110,7 +116,7 @@ int retry_rule_compile(retry_rule *r, char *err, size_t cap) {
       base = b->max_ms;
     if (r->ntiers + b->buckets > RETRY_MAX_TIERS)
       return bad(err, cap,
-                 "backoff: more than %.0f tier queues before max is reached "
+                 "backoff: more than %d tier queues before max is reached "
                  "(raise multiplier or initial, lower buckets or "
                  "max_attempts)",
                  RETRY_MAX_TIERS);
