@@ -273,11 +273,13 @@ static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
 /* The retry connection failed or was closed. Never logged in: rebound's
  * channel goes on the client's connection. Lost later: it is opened again
  * after the backoff; copies in flight fall back meanwhile. */
-static void pub_lost(void *ctx, const char *why, amqp_bytes text) {
+static void pub_lost(void *ctx, const char *why, uint16_t code,
+                     amqp_bytes text) {
   px_session *s = ctx;
   bool was_ready = s->pub_ready;
   bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
   const char *was = px_own_state_name(s->own_state);
+  (void)code;
   px_pub_close(s->out.pub);
   s->out.pub = NULL;
   s->pub_ready = false;

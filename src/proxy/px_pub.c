@@ -33,8 +33,10 @@ typedef enum pub_state {
 
 struct px_pub {
   px_conn conn;
+  px_dial dial; /* px_pub_dial() only */
   uv_timer_t close_timer;
-  unsigned handles; /* open: the connection, the timer */
+  unsigned handles; /* open: the connection, the timer, a dialer */
+  bool dialing;     /* made by px_pub_dial() */
   pub_state state;
   bool lost;       /* the lost event was sent */
   int write_error; /* a write failed at once: reported from the loop */
@@ -100,11 +102,13 @@ static void close_now(px_pub *p) {
   }
   p->state = PUB_CLOSED;
   forget_secret(p);
-  px_conn_close(&p->conn); /* the closed event frees it with the timer */
+  if (p->dialing)
+    px_dial_close(&p->dial); /* its released event counts as a handle */
+  px_conn_close(&p->conn);   /* the closed event frees it with the timer */
   uv_close((uv_handle_t *)&p->close_timer, on_timer_closed);
 }
 
-static void fail(px_pub *p, const char *why, amqp_bytes text);
+static void fail(px_pub *p, const char *why, uint16_t code, amqp_bytes text);
 
 /* The connection broke: one saying goodbye is done, any other tells its
  * owner. */
@@ -112,7 +116,7 @@ static void broken(px_pub *p, const char *why, amqp_bytes text) {
   if (p->state == PUB_CLOSING)
     close_now(p);
   else if (p->state != PUB_CLOSED)
-    fail(p, why, text);
+    fail(p, why, 0, text);
 }
 
 /* The timer: the login's deadline, then the wait for close-ok (or a
@@ -124,7 +128,7 @@ static void on_timer(uv_timer_t *t) {
   else if (p->state == PUB_CLOSING)
     close_now(p);
   else if (p->state == PUB_CONNECTING || p->state == PUB_HANDSHAKE)
-    fail(p, "login timed out", amqp_cstr(""));
+    fail(p, "login timed out", 0, amqp_cstr(""));
 }
 
 static int write_method(px_pub *p, uint16_t ch, const amqp_method *m);
@@ -160,11 +164,11 @@ void px_pub_close_all(void) {
 }
 
 /* Tell the owner once; it closes. */
-static void fail(px_pub *p, const char *why, amqp_bytes text) {
+static void fail(px_pub *p, const char *why, uint16_t code, amqp_bytes text) {
   if (p->lost || !p->ev)
     return;
   p->lost = true;
-  p->ev->lost(p->ctx, why, text);
+  p->ev->lost(p->ctx, why, code, text);
 }
 
 /* Hand what is queued to the socket. A write that fails at once is
@@ -211,6 +215,7 @@ static int send_start_ok(px_pub *p) {
   put_bool(&cw, "connection.blocked");
   put_bool(&cw, "publisher_confirms");
   put_bool(&cw, "basic.nack");
+  put_bool(&cw, "authentication_failure_close"); /* a refusal says why */
   amqp_writer pw = amqp_writer_make(props, sizeof props);
   amqp_field f = amqp_field_string(amqp_cstr("rebound"));
   amqp_table_write_entry(&pw, amqp_cstr("product"), &f);
@@ -243,8 +248,9 @@ static int send_tune_ok_open(px_pub *p, const amqp_method *tune) {
   amqp_method m;
   amqp_method_init(&m, AMQP_CONNECTION_TUNE_OK);
   m.args[AMQP_F_CONNECTION_TUNE_OK_CHANNEL_MAX].u = 1;
-  m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u =
-      offer && offer < p->frame_max ? offer : p->frame_max;
+  if (offer && offer < p->frame_max)
+    p->frame_max = offer;
+  m.args[AMQP_F_CONNECTION_TUNE_OK_FRAME_MAX].u = p->frame_max;
   m.args[AMQP_F_CONNECTION_TUNE_OK_HEARTBEAT].u = 0;
   if (write_method(p, 0, &m) != 0)
     return -1;
@@ -258,16 +264,18 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
   amqp_method m;
   if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
       AMQP_OK) {
-    fail(p, "the broker sent a bad frame", amqp_cstr(""));
+    fail(p, "the broker sent a bad frame", 0, amqp_cstr(""));
     return;
   }
   int rc = 0;
   switch (m.id) {
   case AMQP_CONNECTION_START:
+    if (p->dialing)
+      px_dial_started(&p->dial);
     rc = send_start_ok(p);
     break;
   case AMQP_CONNECTION_SECURE:
-    fail(p, "the broker asks for a challenge response", amqp_cstr(""));
+    fail(p, "the broker asks for a challenge response", 0, amqp_cstr(""));
     return;
   case AMQP_CONNECTION_TUNE:
     forget_secret(p); /* the broker has read the start-ok */
@@ -290,13 +298,14 @@ static void connection_method(px_pub *p, const amqp_frame *f) {
     write_method(p, 0, &m);
     amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES);
     fail(p, "the broker closed it",
+         (uint16_t)m.args[AMQP_F_CONNECTION_CLOSE_REPLY_CODE].u,
          m.args[AMQP_F_CONNECTION_CLOSE_REPLY_TEXT].b);
     return;
   default:
     return;
   }
   if (rc != 0)
-    fail(p, "out of memory", amqp_cstr(""));
+    fail(p, "out of memory", 0, amqp_cstr(""));
 }
 
 /* ---- input -------------------------------------------------------------
@@ -351,7 +360,7 @@ static void on_data(void *ctx, px_conn *c, size_t nread) {
   if (need > PUB_FRAME_LIMIT)
     need = 0; /* the parser refuses it on the next read */
   if (px_conn_keep(c, (size_t)need) != 0)
-    fail(p, "out of memory", amqp_cstr(""));
+    fail(p, "out of memory", 0, amqp_cstr(""));
 }
 
 static void on_eof(void *ctx, px_conn *c, int err) {
@@ -370,24 +379,40 @@ static void on_written(void *ctx, px_conn *c) {
   (void)c;
 }
 
+/* The handshake begins: TCP (and TLS) is up. */
+static void start_handshake(px_pub *p) {
+  p->state = PUB_HANDSHAKE;
+  px_conn_keepalive(&p->conn, 30);
+  px_conn_read(&p->conn);
+  if (px_pub_write(p, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE) != 0)
+    fail(p, "out of memory", 0, amqp_cstr(""));
+}
+
 static void on_connected(void *ctx, px_conn *c, int status) {
   px_pub *p = ctx;
+  (void)c;
   if (p->state == PUB_CLOSED || p->state == PUB_CLOSING)
     return;
-  if (status < 0) {
-    fail(p, "connect failed", amqp_cstr(uv_strerror(status)));
+  if (p->dialing) {
+    px_dial_connected(&p->dial, status); /* its connected event follows */
     return;
   }
-  p->state = PUB_HANDSHAKE;
-  px_conn_keepalive(c, 30);
-  px_conn_read(c);
-  if (px_pub_write(p, amqp_protocol_header, AMQP_PROTOCOL_HEADER_SIZE) != 0)
-    fail(p, "out of memory", amqp_cstr(""));
+  if (status < 0) {
+    fail(p, "connect failed", 0, amqp_cstr(uv_strerror(status)));
+    return;
+  }
+  start_handshake(p);
 }
 
 static void on_closed(void *ctx, px_conn *c) {
+  px_pub *p = ctx;
   (void)c;
-  handle_closed(ctx);
+  if (p->dialing && p->dial.closing_attempt && !p->dial.closed) {
+    p->handles--; /* a failed attempt's: the dialer tries the next */
+    px_dial_closed(&p->dial);
+    return;
+  }
+  handle_closed(p);
 }
 
 static const px_conn_events conn_events = {
@@ -435,7 +460,10 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
   p->ev = ev;
   p->ctx = ctx;
   p->frame_max = login->frame_max;
-  snprintf(p->name, sizeof p->name, "rebound retries for %s", login->peer);
+  if (login->name)
+    snprintf(p->name, sizeof p->name, "%s", login->name);
+  else
+    snprintf(p->name, sizeof p->name, "rebound retries for %s", login->peer);
   int rc = px_conn_connect(&p->conn, loop, addr);
   if (rc != 0) {
     if (!p->conn.open)
@@ -445,4 +473,61 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
   }
   uv_timer_start(&p->close_timer, on_timer, login->timeout_ms, 0);
   return p;
+}
+
+/* ---- dialing -----------------------------------------------------------
+ */
+
+static void dial_opened(void *ctx) {
+  px_pub *p = ctx;
+  p->handles++; /* the attempt's connection: its closed event follows */
+}
+
+static void dial_connected(void *ctx) {
+  px_pub *p = ctx;
+  if (p->state == PUB_CONNECTING)
+    start_handshake(p);
+}
+
+static void dial_failed(void *ctx) {
+  px_pub *p = ctx;
+  fail(p, "no upstream reachable", 0, amqp_cstr(p->dial.errors));
+}
+
+static void dial_released(void *ctx) {
+  handle_closed(ctx);
+}
+
+static const px_dial_events dial_events = {dial_opened, dial_connected,
+                                           dial_failed, NULL, dial_released};
+
+px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
+                    px_dial_memory *memory, struct px_tls_ctx *tls,
+                    const px_pub_login *login, const px_pub_events *ev,
+                    void *ctx) {
+  px_pub *p = calloc(1, sizeof *p);
+  if (!p || keep_login(p, login) != 0) {
+    if (p)
+      free(p->login);
+    free(p);
+    return NULL;
+  }
+  px_conn_init(&p->conn, "broker", &conn_events, p);
+  uv_timer_init(loop, &p->close_timer);
+  p->close_timer.data = p;
+  p->handles = 2; /* the timer, the dialer */
+  p->dialing = true;
+  p->ev = ev;
+  p->ctx = ctx;
+  p->frame_max = login->frame_max;
+  snprintf(p->name, sizeof p->name, "%s",
+           login->name ? login->name : "rebound");
+  uv_timer_start(&p->close_timer, on_timer, login->timeout_ms, 0);
+  px_dial_start(&p->dial, loop, cfg, memory, tls, &p->conn,
+                cfg->connect_timeout_ms, &dial_events, p, 0);
+  return p;
+}
+
+uint32_t px_pub_frame_max(const px_pub *p) {
+  return p->frame_max;
 }

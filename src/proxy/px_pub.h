@@ -16,6 +16,10 @@
  * fit the other. It announces the connection.blocked capability: the
  * broker says when it blocks it, and when that ends.
  *
+ * The same connection serves rebound's own operations on the broker
+ * (px_dlq.h): px_pub_dial() reaches the configured upstreams through a
+ * dialer (px_dial.h) and logs in with credentials of the caller's.
+ *
  * Memory: a px_pub is freed by libuv's close callback after px_pub_close();
  * the owner's events stop at that call.
  */
@@ -29,6 +33,7 @@
 
 #include "amqp.h"
 #include "px_conn.h"
+#include "px_dial.h"
 
 typedef struct px_pub px_pub;
 
@@ -42,9 +47,10 @@ typedef struct px_pub_events {
   /* connection.blocked (`blocked`, with the broker's reason) or
    * connection.unblocked */
   void (*blocked)(void *ctx, bool blocked, amqp_bytes reason);
-  /* the connection failed or the broker closed it (`why`, static, and the
-   * broker's reply text if any): call px_pub_close() */
-  void (*lost)(void *ctx, const char *why, amqp_bytes text);
+  /* the connection failed or the broker closed it (`why`, static; the
+   * broker's reply code, 0 if it sent none, and its reply text or the
+   * error): call px_pub_close() */
+  void (*lost)(void *ctx, const char *why, uint16_t code, amqp_bytes text);
 } px_pub_events;
 
 /* What the connection logs in with: the client's start-ok fields and
@@ -56,6 +62,7 @@ typedef struct px_pub_login {
   struct px_tls_ctx *tls; /* TLS with this context (NULL: plain) */
   const char *tls_host;   /* ... for this host name (SNI, verification) */
   const char *peer;       /* the client, for the connection's name */
+  const char *name;       /* the connection's name (NULL: from `peer`) */
 } px_pub_login;
 
 /* Connect to `addr` over `io` (NULL: plain TCP; px_conn.h) and log in,
@@ -66,6 +73,20 @@ typedef struct px_pub_login {
 px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
                     const px_conn_io *io, const px_pub_login *login,
                     const px_pub_events *ev, void *ctx);
+
+/* The same, reaching the upstreams of `cfg` through a dialer (every
+ * address, TLS with `tls` for an amqps upstream, `memory` shared with the
+ * caller's other dialers; login->tls and tls_host are not used). Each
+ * attempt gets cfg->connect_timeout_ms, the login login->timeout_ms from
+ * the start. When every upstream fails, `lost` says so with the dialer's
+ * errors. */
+px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
+                    px_dial_memory *memory, struct px_tls_ctx *tls,
+                    const px_pub_login *login, const px_pub_events *ev,
+                    void *ctx);
+
+/* The frame-max negotiated (valid from `ready`). */
+uint32_t px_pub_frame_max(const px_pub *p);
 
 /* Queue bytes (whole frames) for the broker. 0, or -1 when out of memory
  * or the connection is closing. */
