@@ -3,6 +3,8 @@
  * A connection moves through one state machine, every transition here:
  *
  *   READING ──request routed, keep-alive──▶ ANSWERING
+ *   READING ──request routed, answer deferred──▶ WAITING
+ *   WAITING ──px_admin_resume──▶ ANSWERING or FLUSHING (as READING would)
  *   ANSWERING ──its last byte written──▶ READING (input kept aside first)
  *   READING ──request routed, last one / bad request / EOF──▶ FLUSHING
  *   FLUSHING ──its last byte written──▶ uv_shutdown ──▶ LINGER (or CLOSED
@@ -28,13 +30,16 @@
  * connection closes; the memory of a connection is freed only when both
  * its handles have closed.
  */
+#define _DEFAULT_SOURCE /* explicit_bzero */
 #include "px_admin.h"
 
 #include <llhttp.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "px_log.h"
 
@@ -48,14 +53,15 @@
 
 typedef enum conn_state {
   CONN_READING,   /* parsing a request, or idle between two */
+  CONN_WAITING,   /* the router answers later (px_admin_defer) */
   CONN_ANSWERING, /* a response in flight; the next request waits */
   CONN_FLUSHING,  /* the last response in flight; shutdown once written */
   CONN_LINGER,    /* write side shut down; input discarded until EOF/timer */
   CONN_CLOSED,    /* uv_close called on both handles */
 } conn_state;
 
-static const char *const state_names[] = {"reading", "answering", "flushing",
-                                          "linger", "closed"};
+static const char *const state_names[] = {"reading",  "waiting", "answering",
+                                          "flushing", "linger",  "closed"};
 
 /* How a response's body is delimited on the wire. */
 typedef enum body_framing {
@@ -77,9 +83,15 @@ typedef struct px_admin_conn {
   struct px_admin_conn *ready_prev, *ready_next;
   bool reading;
   bool got_eof;
-  bool in_request;  /* a request has begun and is not complete */
-  bool keep_alive;  /* of the request being parsed */
-  bool http11;      /* the request being parsed is HTTP/1.1 or later */
+  bool in_request; /* a request has begun and is not complete */
+  bool keep_alive; /* of the request being parsed */
+  bool http11;     /* the request being parsed is HTTP/1.1 or later */
+  bool head_only;  /* the request is a HEAD (kept while WAITING) */
+  bool auth_field; /* the header field being parsed is Authorization */
+  bool auth_long;  /* its value did not fit */
+  size_t field_len, auth_len;
+  char field[16];                   /* a header field's name, first bytes */
+  char auth[PX_ADMIN_MAX_AUTH + 1]; /* the Authorization header's value */
   int error_status; /* set by a parser callback before it fails */
   size_t head_bytes, body_bytes;
   uint64_t idle_since; /* loop time it last became idle */
@@ -168,17 +180,43 @@ static bool is_token(const char *s) {
   return true;
 }
 
-int px_admin_json_string(px_admin_response *resp, const char *s) {
+/* The length of the UTF-8 sequence at `p` (of `n` bytes left), or 0 if it
+ * is not a valid one (overlong, a surrogate, past U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *p, size_t n) {
+  size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc2 ? 2 : 0;
+  if (p[0] > 0xf4 || len == 0 || len > n)
+    return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0) ||
+      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90))
+    return 0;
+  return len;
+}
+
+int px_admin_json_bytes(px_admin_response *resp, const void *data, size_t len) {
+  const unsigned char *p = data, *end = p + len;
   px_admin_append(resp, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
+  while (p < end) {
+    size_t k = *p < 0x80 ? 1 : utf8_len(p, (size_t)(end - p));
+    if (k == 0) {
+      px_admin_append(resp, "\\ufffd", 6);
+      k = 1;
+    } else if (*p == '"' || *p == '\\') {
       px_admin_printf(resp, "\\%c", *p);
-    else if (*p < 0x20)
+    } else if (*p < 0x20 || *p == 0x7f) {
       px_admin_printf(resp, "\\u%04x", *p);
-    else
-      px_admin_append(resp, p, 1);
+    } else {
+      px_admin_append(resp, p, k);
+    }
+    p += k;
   }
   return px_admin_append(resp, "\"", 1);
+}
+
+int px_admin_json_string(px_admin_response *resp, const char *s) {
+  return px_admin_json_bytes(resp, s, strlen(s));
 }
 
 int px_admin_header(px_admin_response *r, const char *name, const char *value) {
@@ -200,12 +238,14 @@ static const struct {
     {200, "OK"},
     {204, "No Content"},
     {400, "Bad Request"},
+    {401, "Unauthorized"},
     {403, "Forbidden"},
     {404, "Not Found"},
     {405, "Method Not Allowed"},
     {413, "Content Too Large"},
     {431, "Request Header Fields Too Large"},
     {500, "Internal Server Error"},
+    {502, "Bad Gateway"},
     {503, "Service Unavailable"},
 };
 
@@ -229,8 +269,16 @@ void px_admin_stream(px_admin_response *r, px_admin_produce_fn produce,
   r->state = state;
 }
 
-/* Give the producer's state back; the body stays. */
+/* Give the producer's state back (and a deferred answer's, cancelled);
+ * the body stays. */
 static void resp_release(px_admin_response *r) {
+  if (r->deferred) {
+    void (*cancel)(void *) = r->cancel;
+    r->deferred = false;
+    r->cancel = NULL;
+    if (cancel)
+      cancel(r->cancel_state);
+  }
   void (*release)(void *) = r->release;
   void *state = r->state;
   r->produce = NULL;
@@ -577,7 +625,7 @@ static void conn_feed(px_admin_conn *c, const char *data, size_t len) {
   }
   size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
   llhttp_resume(&c->parser);
-  if (c->state == CONN_ANSWERING) {
+  if (c->state == CONN_ANSWERING || c->state == CONN_WAITING) {
     conn_read_stop(c);
     conn_stash(c, data + used, len - used);
   } /* FLUSHING: the rest is dropped */
@@ -612,6 +660,8 @@ static int on_message_begin(llhttp_t *p) {
   c->head_bytes = REQUEST_LINE_BYTES;
   c->body_bytes = 0;
   c->error_status = 0;
+  c->field_len = c->auth_len = 0;
+  c->auth_field = c->auth_long = false;
   return 0;
 }
 
@@ -624,8 +674,35 @@ static int on_url(llhttp_t *p, const char *at, size_t len) {
   return 0;
 }
 
-static int on_header_data(llhttp_t *p, const char *at, size_t len) {
-  (void)at;
+static int on_header_field(llhttp_t *p, const char *at, size_t len) {
+  px_admin_conn *c = p->data;
+  size_t room = sizeof c->field - 1 - c->field_len;
+  size_t k = len < room ? len : room;
+  memcpy(c->field + c->field_len, at, k);
+  c->field_len += k;
+  return count_head(p, len);
+}
+
+static int on_header_field_complete(llhttp_t *p) {
+  px_admin_conn *c = p->data;
+  c->field[c->field_len] = '\0';
+  c->auth_field = strcasecmp(c->field, "authorization") == 0;
+  if (c->auth_field)
+    c->auth_len = 0;
+  c->field_len = 0;
+  return 0;
+}
+
+/* The Authorization value is kept (the last one given); others only
+ * counted. */
+static int on_header_value(llhttp_t *p, const char *at, size_t len) {
+  px_admin_conn *c = p->data;
+  if (c->auth_field) {
+    if (len > sizeof c->auth - 1 - c->auth_len)
+      c->auth_long = true;
+    else
+      memcpy(c->auth + c->auth_len, at, len), c->auth_len += len;
+  }
   return count_head(p, len);
 }
 
@@ -654,6 +731,21 @@ static int on_body(llhttp_t *p, const char *at, size_t len) {
   return 0;
 }
 
+/* Log the request and its answer (or that it is deferred). */
+static void log_request(px_admin_conn *c, const char *method) {
+  const px_admin_response *r = &c->resp;
+  if (!resp_valid(r))
+    px_warn("admin_response_failed", PX_S("peer", c->peer),
+            PX_S("path", c->url), PX_I("status", r->status),
+            PX_BOOL("failed", r->failed));
+  else
+    px_debug("admin_request", PX_S("peer", c->peer),
+             PX_S("method", c->head_only ? "HEAD" : method),
+             PX_S("path", c->url), PX_I("status", r->status),
+             PX_U("bytes", r->len), PX_BOOL("streamed", r->produce != NULL),
+             PX_BOOL("deferred", r->deferred));
+}
+
 static int on_message_complete(llhttp_t *p) {
   px_admin_conn *c = p->data;
   px_admin *a = c->admin;
@@ -662,20 +754,24 @@ static int on_message_complete(llhttp_t *p) {
   px_admin_response *r = &c->resp;
 
   c->in_request = false;
+  c->head_only = head;
   c->url[c->url_len] = '\0';
-  c->url[strcspn(c->url, "?#")] = '\0';
+  c->url[strcspn(c->url, "#")] = '\0';
+  char *q = strchr(c->url, '?');
+  if (q)
+    *q++ = '\0';
+  c->auth[c->auth_long ? 0 : c->auth_len] = '\0';
+  px_admin_request req = {method, c->url, q ? q : "", c->auth};
   resp_clear(r);
-  a->route(a->ctx, method, c->url, r);
+  a->route(a->ctx, &req, r);
   a->stats.requests++;
-  if (!resp_valid(r))
-    px_warn("admin_response_failed", PX_S("peer", c->peer),
-            PX_S("path", c->url), PX_I("status", r->status),
-            PX_BOOL("failed", r->failed));
-  else
-    px_debug("admin_request", PX_S("peer", c->peer),
-             PX_S("method", head ? "HEAD" : method), PX_S("path", c->url),
-             PX_I("status", r->status), PX_U("bytes", r->len),
-             PX_BOOL("streamed", r->produce != NULL));
+  log_request(c, method);
+  explicit_bzero(c->auth, sizeof c->auth);
+  if (r->deferred) {
+    c->state = CONN_WAITING; /* no timer: the owner's work bounds it */
+    uv_timer_stop(&c->timer);
+    return HPE_PAUSED;
+  }
   conn_arm(c, a->limits.timeout_ms);
   conn_respond(c, head, c->keep_alive);
   return HPE_PAUSED; /* the next request waits for this answer */
@@ -684,8 +780,9 @@ static int on_message_complete(llhttp_t *p) {
 static const llhttp_settings_t parser_settings = {
     .on_message_begin = on_message_begin,
     .on_url = on_url,
-    .on_header_field = on_header_data,
-    .on_header_value = on_header_data,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
@@ -944,4 +1041,25 @@ void px_admin_stop(px_admin *a, void (*done)(void *arg), void *arg) {
 
 unsigned px_admin_connections(const px_admin *a) {
   return a->nconns;
+}
+
+/* ---- deferred answers ---- */
+
+void px_admin_defer(px_admin_response *r, void (*cancel)(void *state),
+                    void *state) {
+  r->deferred = true;
+  r->cancel = cancel;
+  r->cancel_state = state;
+}
+
+void px_admin_resume(px_admin_response *r) {
+  px_admin_conn *c =
+      (px_admin_conn *)(void *)((char *)r - offsetof(px_admin_conn, resp));
+  if (c->state != CONN_WAITING)
+    return;
+  r->deferred = false;
+  r->cancel = NULL;
+  c->state = CONN_READING; /* as when the request was routed */
+  conn_arm(c, c->admin->limits.timeout_ms);
+  conn_respond(c, c->head_only, c->keep_alive);
 }

@@ -64,6 +64,7 @@
 #define PX_ADMIN_MAX_RESPONSE (16u * 1024 * 1024) /* one body or slice */
 #define PX_ADMIN_MAX_EXTRA_HEADERS 512            /* px_admin_header bytes */
 #define PX_ADMIN_SLICE (64u * 1024) /* what a producer appends per call */
+#define PX_ADMIN_MAX_AUTH 1024      /* an Authorization value kept */
 
 struct px_admin_response;
 
@@ -100,7 +101,24 @@ typedef struct px_admin_response {
   px_admin_produce_fn produce; /* set by px_admin_stream */
   void (*release)(void *state);
   void *state;
+  bool deferred; /* set by px_admin_defer */
+  void (*cancel)(void *state);
+  void *cancel_state;
 } px_admin_response;
+
+/* Answer later, without blocking the loop: the router calls this and
+ * returns; the connection waits (no timeout: the owner's work must bound
+ * itself), reading nothing more, until the owner fills `resp` with the
+ * helpers below and calls px_admin_resume(resp), from the loop. If the
+ * connection goes first (a write error, px_admin_stop), `cancel(state)` is
+ * called once and `resp` must not be touched again. Not with
+ * px_admin_stream on the same response. */
+void px_admin_defer(px_admin_response *resp, void (*cancel)(void *state),
+                    void *state);
+
+/* Send the deferred answer now in `resp` (status, body, headers; not
+ * streamed). */
+void px_admin_resume(px_admin_response *resp);
 
 /* Make the body streamed: after what the router appended, `produce(state,
  * resp)` is called for each further slice (see px_admin_produce_fn).
@@ -120,8 +138,12 @@ int px_admin_printf(px_admin_response *resp, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Append `s` as a JSON string (quoted; '"', '\\' and control bytes
- * escaped). Returns 0, or -1 (`failed`). */
+ * escaped; see px_admin_json_bytes). Returns 0, or -1 (`failed`). */
 int px_admin_json_string(px_admin_response *resp, const char *s);
+
+/* The same for `len` bytes that may hold anything: a byte that is not
+ * part of valid UTF-8 becomes U+FFFD. Returns 0, or -1 (`failed`). */
+int px_admin_json_bytes(px_admin_response *resp, const void *data, size_t len);
 
 /* Add a response header, e.g. ("Allow", "GET, HEAD"). `name` must be an
  * HTTP token and `value` free of CR, LF and NUL; the module's own headers
@@ -131,14 +153,23 @@ int px_admin_json_string(px_admin_response *resp, const char *s);
 int px_admin_header(px_admin_response *resp, const char *name,
                     const char *value);
 
-/* The router, called on the loop for each complete request, in order.
- * `method` is the request method ("GET", "POST", ...) except that a HEAD
- * request is routed as "GET" (the module then sends the GET headers without
- * the body). `path` is the request target up to '?' or '#', not decoded.
- * Both strings are valid only during the call. The router must not block
- * and must not call px_admin_stop. */
-typedef void (*px_admin_route_fn)(void *ctx, const char *method,
-                                  const char *path, px_admin_response *resp);
+/* A request as the router sees it; every string is valid only during the
+ * call. */
+typedef struct px_admin_request {
+  /* "GET", "POST", ...; a HEAD request is routed as "GET" (the module then
+   * sends the GET headers without the body) */
+  const char *method;
+  const char *path;  /* the target up to '?' or '#', not decoded */
+  const char *query; /* after '?', up to '#', not decoded; "" if none */
+  /* the Authorization header's value ("" if none, or over
+   * PX_ADMIN_MAX_AUTH bytes); wiped after the call */
+  const char *authorization;
+} px_admin_request;
+
+/* The router, called on the loop for each complete request, in order. It
+ * must not block and must not call px_admin_stop. */
+typedef void (*px_admin_route_fn)(void *ctx, const px_admin_request *req,
+                                  px_admin_response *resp);
 
 /* Limits; a zero field means its default. */
 typedef struct px_admin_limits {

@@ -23,6 +23,7 @@
 #include "px_buf.h"
 #include "px_log.h"
 #include "px_metrics.h"
+#include "px_routes.h"
 #include "px_session.h"
 #include "px_tls.h"
 #include "px_view.h"
@@ -236,52 +237,6 @@ static void on_janitor(uv_timer_t *t) {
   for (px_session *s = srv->sessions, *next; s; s = next) {
     next = px_session_next(s);
     px_session_tick(s, srv->shortest_timeout_ms);
-  }
-}
-
-/* ---- admin endpoint ------------------------------------------------------ */
-
-static void route(void *ctx, const char *method, const char *path,
-                  px_admin_response *r) {
-  px_server *srv = ctx;
-  bool known = strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
-               strcmp(path, "/metrics") == 0 ||
-               strcmp(path, "/v1/status") == 0 ||
-               strcmp(path, "/v1/queues") == 0;
-  if (!known) {
-    r->status = 404;
-    px_admin_printf(r, "not found: try /healthz, /readyz, /metrics, "
-                       "/v1/status, /v1/queues\n");
-    return;
-  }
-  if (strcmp(method, "GET") != 0) {
-    r->status = 405;
-    px_admin_header(r, "Allow", "GET, HEAD");
-    px_admin_printf(r, "method not allowed\n");
-    return;
-  }
-  if (strcmp(path, "/healthz") == 0) {
-    px_admin_printf(r, "ok\n");
-  } else if (strcmp(path, "/readyz") == 0) {
-    const char *why =
-        srv->upstream_err[0] ? srv->upstream_err : "upstream not checked yet";
-    if (srv->draining) {
-      r->status = 503;
-      px_admin_printf(r, "not ready: draining (shutting down)\n");
-    } else if (!px_server_ready(srv)) {
-      r->status = 503;
-      px_admin_printf(r, "not ready: %s\n", why);
-    } else if (!srv->upstream_ok) {
-      px_admin_printf(r, "ready (upstream: %s)\n", why);
-    } else {
-      px_admin_printf(r, "ready\n");
-    }
-  } else if (strcmp(path, "/v1/status") == 0) {
-    px_status_render(srv, r);
-  } else if (strcmp(path, "/v1/queues") == 0) {
-    px_view_queues_render(srv, r);
-  } else {
-    px_metrics_render(srv, r);
   }
 }
 
@@ -645,7 +600,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   if (cfg->admin_on) {
     /* an admin endpoint that cannot bind is logged; the proxy still runs */
     srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,
-                                   cfg->admin.port, route, srv) == 0;
+                                   cfg->admin.port, px_routes_route, srv) == 0;
   }
   srv->fd_reserve =
       open_fds() + (srv->admin_on ? PX_ADMIN_FDS : 0) + PX_FD_SLACK;

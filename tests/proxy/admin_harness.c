@@ -23,9 +23,16 @@
  *   /stream-small -> streamed: "<" then slices "1\n", "2\n", "3\n" (last);
  *   /stream-fail -> streamed: "begin\n", one slice "x\n", then a failing
  *   one;
+ *   /echo -> "query=Q authorization=A": the request's query string and
+ *   Authorization header as the router saw them;
+ *   /deferred -> answered "deferred N\n" (N: deferred answers pending)
+ *   50 ms later, from a timer (px_admin_defer);
+ *   /deferred-never -> deferred and never answered: only the connection
+ *   going away (cancel) ends it; /stats counts them in waiting=N;
  *   anything else -> 404.
  */
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +57,58 @@ typedef struct harness {
   uint64_t max_per_iter; /* the most routed between two polls */
   uint64_t slices_now;   /* slices produced since the last poll */
   uint64_t max_slices;   /* the most produced between two polls */
+  unsigned waiting;      /* deferred answers not yet sent or cancelled */
 } harness;
+
+/* A deferred answer: a timer resumes it (or nothing, for /deferred-never);
+ * cancel or the answer frees it. */
+typedef struct deferred {
+  harness *h;
+  uv_timer_t timer;
+  px_admin_response *resp;
+  bool timer_on;
+} deferred;
+
+static void on_deferred_closed(uv_handle_t *t) {
+  free(t->data);
+}
+
+static void deferred_end(deferred *d) {
+  d->h->waiting--;
+  if (d->timer_on)
+    uv_close((uv_handle_t *)&d->timer, on_deferred_closed);
+  else
+    free(d);
+}
+
+static void deferred_cancel(void *state) {
+  deferred_end(state);
+}
+
+static void on_deferred_timer(uv_timer_t *t) {
+  deferred *d = t->data;
+  px_admin_printf(d->resp, "deferred %u\n", d->h->waiting);
+  px_admin_resume(d->resp);
+  deferred_end(d);
+}
+
+static void route_deferred(harness *h, px_admin_response *r, bool answer) {
+  deferred *d = calloc(1, sizeof *d);
+  if (!d) {
+    r->status = 500;
+    return;
+  }
+  d->h = h;
+  d->resp = r;
+  h->waiting++;
+  px_admin_defer(r, deferred_cancel, d);
+  if (!answer)
+    return;
+  d->timer_on = true;
+  uv_timer_init(h->loop, &d->timer);
+  d->timer.data = d;
+  uv_timer_start(&d->timer, on_deferred_timer, 50, 0);
+}
 
 enum stream_kind { STREAM_BIG, STREAM_SMALL, STREAM_FAIL };
 
@@ -111,9 +169,10 @@ static void route_blocks(px_admin_response *r, size_t size) {
   }
 }
 
-static void route(void *ctx, const char *method, const char *path,
+static void route(void *ctx, const px_admin_request *req,
                   px_admin_response *r) {
   harness *h = ctx;
+  const char *method = req->method, *path = req->path;
   bool get = strcmp(method, "GET") == 0;
 
   if (get && strcmp(path, "/count") == 0) {
@@ -123,12 +182,13 @@ static void route(void *ctx, const char *method, const char *path,
   if (get && strcmp(path, "/stats") == 0) {
     px_admin_printf(r,
                     "evicted=%llu refused=%llu streams=%u slices=%llu "
-                    "max_per_iteration=%llu max_slices_per_iteration=%llu\n",
+                    "max_per_iteration=%llu max_slices_per_iteration=%llu "
+                    "waiting=%u\n",
                     (unsigned long long)h->admin.stats.conns_evicted,
                     (unsigned long long)h->admin.stats.conns_refused,
                     h->streams, (unsigned long long)h->slices,
                     (unsigned long long)h->max_per_iter,
-                    (unsigned long long)h->max_slices);
+                    (unsigned long long)h->max_slices, h->waiting);
     return;
   }
   h->routed++;
@@ -152,6 +212,13 @@ static void route(void *ctx, const char *method, const char *path,
       px_admin_header(r, "Allow", "GET, HEAD");
       px_admin_printf(r, "method %s not allowed\n", method);
     }
+  } else if (get && strcmp(path, "/echo") == 0) {
+    px_admin_printf(r, "query=%s authorization=%s\n", req->query,
+                    req->authorization);
+  } else if (get && strcmp(path, "/deferred") == 0) {
+    route_deferred(h, r, true);
+  } else if (get && strcmp(path, "/deferred-never") == 0) {
+    route_deferred(h, r, false);
   } else if (get && strcmp(path, "/conns") == 0) {
     px_admin_printf(r, "%u\n", px_admin_connections(&h->admin));
   } else {
@@ -170,7 +237,7 @@ static void on_stopped(void *arg) {
   harness *h = arg;
   h->stopped = 1;
   px_info("harness_stopped", PX_U("conns", px_admin_connections(&h->admin)),
-          PX_U("streams", h->streams));
+          PX_U("streams", h->streams), PX_U("waiting", h->waiting));
 }
 
 static void on_signal(uv_signal_t *sig, int signum) {

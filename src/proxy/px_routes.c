@@ -1,0 +1,153 @@
+/* px_routes.c - the admin endpoint's routes (px_routes.h). */
+#include "px_routes.h"
+
+#include <string.h>
+
+#include "px_metrics.h"
+#include "px_server.h"
+#include "px_view.h"
+
+#define SEGMENT_MAX 256 /* a decoded {} segment: an AMQP queue name and NUL */
+
+typedef void (*route_fn)(px_server *srv, const px_admin_request *req,
+                         const char *segment, px_admin_response *r);
+
+static void route_healthz(px_server *srv, const px_admin_request *req,
+                          const char *segment, px_admin_response *r) {
+  (void)srv, (void)req, (void)segment;
+  px_admin_printf(r, "ok\n");
+}
+
+static void route_readyz(px_server *srv, const px_admin_request *req,
+                         const char *segment, px_admin_response *r) {
+  (void)req, (void)segment;
+  const char *why =
+      srv->upstream_err[0] ? srv->upstream_err : "upstream not checked yet";
+  if (srv->draining) {
+    r->status = 503;
+    px_admin_printf(r, "not ready: draining (shutting down)\n");
+  } else if (!px_server_ready(srv)) {
+    r->status = 503;
+    px_admin_printf(r, "not ready: %s\n", why);
+  } else if (!srv->upstream_ok) {
+    px_admin_printf(r, "ready (upstream: %s)\n", why);
+  } else {
+    px_admin_printf(r, "ready\n");
+  }
+}
+
+static void route_metrics(px_server *srv, const px_admin_request *req,
+                          const char *segment, px_admin_response *r) {
+  (void)req, (void)segment;
+  px_metrics_render(srv, r);
+}
+
+static void route_status(px_server *srv, const px_admin_request *req,
+                         const char *segment, px_admin_response *r) {
+  (void)req, (void)segment;
+  px_status_render(srv, r);
+}
+
+static void route_queues(px_server *srv, const px_admin_request *req,
+                         const char *segment, px_admin_response *r) {
+  (void)req, (void)segment;
+  px_view_queues_render(srv, r);
+}
+
+/* "{}" in a pattern stands for one path segment (percent-encoded, not
+ * empty), passed to the route decoded. */
+static const struct route {
+  const char *pattern;
+  const char *method; /* GET (and HEAD) or POST */
+  route_fn fn;
+} routes[] = {
+    {"/healthz", "GET", route_healthz},  {"/readyz", "GET", route_readyz},
+    {"/metrics", "GET", route_metrics},  {"/v1/status", "GET", route_status},
+    {"/v1/queues", "GET", route_queues},
+};
+
+int px_routes_decode(const char *s, size_t len, char *out, size_t cap) {
+  static const char hexdig[] = "0123456789abcdef";
+  size_t o = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '%') {
+      const char *hi =
+          len - i >= 3 && s[i + 1] ? strchr(hexdig, s[i + 1] | 0x20) : NULL;
+      const char *lo = hi && s[i + 2] ? strchr(hexdig, s[i + 2] | 0x20) : NULL;
+      if (!hi || !lo)
+        return -1;
+      c = (unsigned char)((hi - hexdig) * 16 + (lo - hexdig));
+      i += 2;
+    }
+    if (c == 0 || cap - o < 2)
+      return -1;
+    out[o++] = (char)c;
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+int px_routes_param(const char *query, const char *name, char *out,
+                    size_t cap) {
+  size_t n = strlen(name);
+  for (const char *p = query; p && *p; p = strchr(p, '&'), p = p ? p + 1 : p) {
+    size_t len = strcspn(p, "&");
+    if (len > n && strncmp(p, name, n) == 0 && p[n] == '=')
+      return px_routes_decode(p + n + 1, len - n - 1, out, cap) == 0 ? 1 : -1;
+  }
+  return 0;
+}
+
+/* Does `path` fit `pattern`? The {} segment is decoded into `seg`. */
+static bool match(const char *pattern, const char *path, char *seg, bool *bad) {
+  const char *hole = strstr(pattern, "{}");
+  if (!hole)
+    return strcmp(pattern, path) == 0;
+  size_t pre = (size_t)(hole - pattern);
+  if (strncmp(pattern, path, pre) != 0)
+    return false;
+  const char *start = path + pre, *end = strchr(start, '/');
+  const char *tail = hole + 2;
+  if (!end || end == start || strcmp(end, tail) != 0)
+    return false;
+  *bad = px_routes_decode(start, (size_t)(end - start), seg, SEGMENT_MAX) != 0;
+  return true;
+}
+
+static void not_found(px_admin_response *r) {
+  r->status = 404;
+  px_admin_printf(r, "not found: try /healthz, /readyz, /metrics, "
+                     "/v1/status, /v1/queues\n");
+}
+
+void px_routes_route(void *ctx, const px_admin_request *req,
+                     px_admin_response *r) {
+  char seg[SEGMENT_MAX];
+  const char *allow = NULL;
+  for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+    bool bad = false;
+    if (!match(routes[i].pattern, req->path, seg, &bad))
+      continue;
+    if (bad) {
+      r->status = 400;
+      px_admin_printf(r,
+                      "bad path: %s (a queue name percent-encoded, at "
+                      "most 255 bytes)\n",
+                      req->path);
+      return;
+    }
+    if (strcmp(req->method, routes[i].method) == 0) {
+      routes[i].fn(ctx, req, seg, r);
+      return;
+    }
+    allow = strcmp(routes[i].method, "GET") == 0 ? "GET, HEAD" : "POST";
+  }
+  if (!allow) {
+    not_found(r);
+    return;
+  }
+  r->status = 405;
+  px_admin_header(r, "Allow", allow);
+  px_admin_printf(r, "method not allowed\n");
+}
