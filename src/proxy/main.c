@@ -13,6 +13,7 @@
 
 #include "px_buf.h"
 #include "px_config.h"
+#include "px_dlq_cli.h"
 #include "px_log.h"
 #include "px_metrics.h"
 #include "px_pub.h"
@@ -63,6 +64,11 @@ int main(int argc, char **argv) {
 
   if (!cfg)
     return 1;
+  if (argc > 1 && strcmp(argv[1], "dlq") == 0) {
+    free(cfg);
+    signal(SIGPIPE, SIG_IGN);
+    return px_dlq_cli_main(argc - 1, argv + 1, env_get);
+  }
   switch (px_config_load(cfg, argc, argv, env_get, err, sizeof err)) {
   case PX_CONFIG_HELP:
     px_config_usage(stdout);
