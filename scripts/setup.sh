@@ -11,10 +11,25 @@ build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
 run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
-           valgrind haproxy)
+           valgrind haproxy chromium nodejs)
 
 pkgs=("${build_pkgs[@]}" "${run_pkgs[@]}")
 [ "${1:-}" = "--run" ] || pkgs+=("${test_pkgs[@]}")
+# Debian's npm unless one is there (Node.js from elsewhere brings its own)
+[ "${1:-}" = "--run" ] || command -v npm >/dev/null || pkgs+=(npm)
+
+# The admin page's browser test drives Debian's chromium through
+# playwright-core (npm, pinned by tests/integration/web/package-lock.json;
+# no browser download).
+web_modules() {
+  [ "${1:-}" = "--run" ] && return 0
+  local web
+  web="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/web"
+  [ -d "$web/node_modules/playwright-core" ] && return 0
+  echo "setup: npm ci in tests/integration/web"
+  (cd "$web" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit \
+    --no-fund --loglevel=error)
+}
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -23,6 +38,7 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#pkgs[@]} packages present"
+  web_modules "$@"
   exit 0
 fi
 
@@ -40,4 +56,5 @@ if [ ! -e "$policy" ]; then
 fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+web_modules "$@"
 echo "setup: done"

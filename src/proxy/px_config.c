@@ -544,6 +544,9 @@ void px_config_usage(void *file) {
             options[i].def ? options[i].def : "");
   fputs("  -h, --help                 show this help and exit\n"
         "  -V, --version              show the version and the libraries in "
-        "use\n",
+        "use\n"
+        "\n"
+        "rebound dlq ls|show|redrive|purge ...: dead-letter queues (rebound "
+        "dlq --help)\n",
         f);
 }

@@ -6,7 +6,8 @@
  * One operation per connection, on channel 1:
  *   COUNT    queue.declare passive for each queue: exists, messages,
  *            consumers (a queue that does not exist closes the channel;
- *            it is opened again for the next).
+ *            it is opened again for the next). With no queue, only the
+ *            login and the vhost are checked.
  *   SHOW     browse up to `limit` messages without removing them:
  *            basic.get without ack, then channel.close, on which the broker
  *            requeues them; done follows the broker's close-ok, so the

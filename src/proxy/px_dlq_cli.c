@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "px_dlq.h"
@@ -22,6 +25,7 @@
 #define PROGRESS_EVERY 1000
 #define PROGRESS_MS 1000
 #define TEXT_PREVIEW 200
+#define ADMIN_TIMEOUT_S 2
 
 static const char usage[] =
     "Usage: rebound dlq COMMAND [ARGS] [OPTIONS]\n"
@@ -46,6 +50,8 @@ static const char usage[] =
     "  --to QUEUE             redrive: to this queue instead of the source\n"
     "  --dry-run              redrive: print what would move, move nothing\n"
     "  --quiet                no progress lines\n"
+    "  --admin HOST:PORT      ls: also the queues a running rebound parked\n"
+    "                         messages into (default: the config's admin)\n"
     "  and rebound's own options: --config (the policies), --header-prefix,\n"
     "  --upstream-ca, --upstream-cert, --upstream-key, --upstream-verify,\n"
     "  --connect-timeout, --log-level ...\n"
@@ -60,13 +66,14 @@ typedef struct cli {
   uv_loop_t loop;
   bool json, quiet, have_limit;
   const char *cmd;
-  const char *url, *password_file;
+  const char *url, *password_file, *admin;
   int exit_code;
   uint64_t last_progress, last_progress_ms;
   px_admin_response out; /* JSON being built */
   unsigned items;        /* JSON array entries written */
   const char *names[PX_DLQ_MAX_QUEUES];
   char owned[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1];
+  char *known; /* /v1/dlq/names of a running rebound: names, NUL-ended */
 } cli;
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -193,7 +200,7 @@ static int parse_limit(cli *c, const char *v) {
  * argument or after '='): 1 if taken, 0 if not one, 2 on error. */
 static int own_option(cli *c, int argc, char **argv, int *i) {
   static const char *const with_value[] = {"url", "password-file", "limit",
-                                           "to"};
+                                           "to", "admin"};
   const char *a = argv[*i] + 2, *eq = strchr(a, '=');
   size_t n = eq ? (size_t)(eq - a) : strlen(a);
   if (n == 4 && strncmp(a, "json", 4) == 0 && !eq)
@@ -202,7 +209,7 @@ static int own_option(cli *c, int argc, char **argv, int *i) {
     return c->quiet = true, 1;
   if (n == 7 && strncmp(a, "dry-run", 7) == 0 && !eq)
     return c->req.dry_run = true, 1;
-  for (size_t k = 0; k < 4; k++) {
+  for (size_t k = 0; k < 5; k++) {
     if (n != strlen(with_value[k]) || strncmp(a, with_value[k], n) != 0)
       continue;
     const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;
@@ -214,8 +221,10 @@ static int own_option(cli *c, int argc, char **argv, int *i) {
       c->password_file = v;
     else if (k == 2)
       return parse_limit(c, v) ? 2 : 1;
-    else
+    else if (k == 3)
       snprintf(c->req.to, sizeof c->req.to, "%s", v);
+    else
+      c->admin = v;
     return 1;
   }
   return 0;
@@ -280,6 +289,74 @@ static int check_command(cli *c) {
               c->cmd ? "unknown command " : "no command", c->cmd ? c->cmd : "");
 }
 
+/* GET /v1/dlq/names from a running rebound's admin endpoint at `addr`:
+ * the body, or NULL (why in `err`). Blocking, ADMIN_TIMEOUT_S at most per
+ * step: the command has nothing else to do meanwhile. */
+static char *admin_names(const char *addr, char *err, size_t cap) {
+  px_addr a;
+  struct sockaddr_storage ss;
+  struct timeval tv = {ADMIN_TIMEOUT_S, 0};
+  if (px_addr_parse(addr, &a) != 0 ||
+      (uv_ip4_addr(a.host, a.port, (struct sockaddr_in *)&ss) != 0 &&
+       uv_ip6_addr(a.host, a.port, (struct sockaddr_in6 *)&ss) != 0)) {
+    snprintf(err, cap, "--admin: expected a numeric HOST:PORT, not '%s'", addr);
+    return NULL;
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+  char req[] = "GET /v1/dlq/names HTTP/1.0\r\n\r\n", *buf = malloc(65536);
+  size_t len = 0;
+  ssize_t n = -1;
+  if (fd >= 0 && buf &&
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0 &&
+      connect(fd, (struct sockaddr *)&ss,
+              ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                       : sizeof(struct sockaddr_in)) == 0 &&
+      write(fd, req, sizeof req - 1) == (ssize_t)(sizeof req - 1))
+    while (len < 65535 && (n = read(fd, buf + len, 65535 - len)) > 0)
+      len += (size_t)n;
+  if (fd >= 0)
+    close(fd);
+  char *body =
+      buf && n == 0 ? strstr((buf[len] = '\0', buf), "\r\n\r\n") : NULL;
+  if (!body || strncmp(buf, "HTTP/1.1 200 ", 13) != 0) {
+    snprintf(err, cap, "%s: %s", addr,
+             !buf || n != 0 ? strerror(errno) : "not rebound's admin endpoint");
+    free(buf);
+    return NULL;
+  }
+  memmove(buf, body + 4, strlen(body + 4) + 1);
+  return buf;
+}
+
+/* ls: the queues a running rebound parked messages into (its admin
+ * endpoint: --admin, or the config's; a missing one is noted only when
+ * asked for by --admin). */
+static int running_queues(cli *c) {
+  char addr[300], err[400];
+  if (!c->admin && !c->cfg->admin_on)
+    return 0;
+  if (!c->admin)
+    px_addr_format(&c->cfg->admin, addr, sizeof addr);
+  c->known = admin_names(c->admin ? c->admin : addr, err, sizeof err);
+  if (!c->known) {
+    if (c->admin)
+      fprintf(stderr,
+              "rebound dlq: note: no list from rebound (%s): only "
+              "the policies' queues and those given\n",
+              err);
+    return 0;
+  }
+  for (char *p = c->known, *nl; *p; p = nl + 1) {
+    if (!(nl = strchr(p, '\n')))
+      break;
+    *nl = '\0';
+    if (*p && add_name(c, p) != 0)
+      return EXIT_USAGE;
+  }
+  return 0;
+}
+
 /* ls: the dead-letter queues of every policy queue written without a
  * wildcard, after those given. */
 static int policy_queues(cli *c) {
@@ -295,6 +372,8 @@ static int policy_queues(cli *c) {
       if (add_name(c, c->owned[k++]) != 0)
         return EXIT_USAGE;
     }
+  if (running_queues(c) != 0)
+    return EXIT_USAGE;
   if (c->req.nqueues == 0)
     return fail("ls: no dead-letter queue to list: the policies name none "
                 "without a wildcard; give QUEUE names");
@@ -343,8 +422,8 @@ static void text_header(cli *c, amqp_bytes h, const char *label,
     printf("  %-21s -\n", label);
 }
 
-/* A message in text: rebound's headers by name, then the whole message
- * as the JSON of --json shows it, its body cut to TEXT_PREVIEW bytes. */
+/* A message in text: rebound's headers by name, then its properties and
+ * headers as --json shows them, and its body cut to TEXT_PREVIEW bytes. */
 static void text_message(cli *c, const px_dlq_message *m) {
   amqp_bytes h = m->header->props.headers;
   printf("message %" PRIu64 "%s\n", m->index,
@@ -354,17 +433,18 @@ static void text_message(cli *c, const px_dlq_message *m) {
   text_header(c, h, "reason:", "dead-letter-reason", false);
   text_header(c, h, "first-failed-at:", "first-failed-at", true);
   text_header(c, h, "last-failed-at:", "last-failed-at", true);
+  text_header(c, h, "original-exchange:", "original-exchange", false);
   text_header(c, h, "original-routing-key:", "original-routing-key", false);
   text_header(c, h, "redriven-at:", "redriven-at", true);
   px_admin_response r = {.status = 200};
+  px_dlq_json_properties(&r, &m->header->props);
+  px_admin_printf(&r, "\n  %-21s ", "headers:");
+  px_dlq_json_headers(&r, h);
   uint64_t shown = m->body_len < TEXT_PREVIEW ? m->body_len : TEXT_PREVIEW;
+  px_admin_printf(&r, "\n  %-21s (%" PRIu64 " bytes) ", "body:", m->body_len);
   px_admin_json_bytes(&r, m->body, (size_t)shown);
-  printf("  body (%" PRIu64 " bytes): %.*s%s\n", m->body_len, (int)r.len,
-         r.body ? r.body : "", shown < m->body_len ? " ..." : "");
-  free(r.body);
-  r = (px_admin_response){.status = 200};
-  px_dlq_json_message(&r, m, &c->cfg->retry);
-  printf("  json: %.*s\n", (int)r.len, r.body ? r.body : "");
+  printf("  %-21s %.*s%s\n", "properties:", (int)r.len, r.body ? r.body : "",
+         shown < m->body_len ? " ..." : "");
   free(r.body);
 }
 
@@ -545,6 +625,7 @@ int px_dlq_cli_main(int argc, char **argv, const char *(*env)(const char *)) {
   explicit_bzero(c->req.password, sizeof c->req.password);
   px_tls_ctx_unref(tls);
   free(c->out.body);
+  free(c->known);
   free(c->cfg);
   free(c);
   return rc;

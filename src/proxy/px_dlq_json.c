@@ -123,6 +123,12 @@ static void json_value(px_admin_response *r, const amqp_field *f, int depth) {
   px_admin_printf(r, "null");
 }
 
+void px_dlq_json_headers(px_admin_response *r, amqp_bytes headers) {
+  amqp_field f = {.type = 'F'};
+  f.v.bytes = headers;
+  json_container(r, &f, 0);
+}
+
 /* "name":value for one of rebound's headers, null when absent. */
 static void json_rebound_field(px_admin_response *r, amqp_bytes h,
                                const retry_policy *p, const char *key,
@@ -156,8 +162,7 @@ static void json_rebound(px_admin_response *r, amqp_bytes h,
   px_admin_append(r, "}", 1);
 }
 
-/* The basic properties present, headers aside. */
-static void json_props(px_admin_response *r, const amqp_props *p) {
+void px_dlq_json_properties(px_admin_response *r, const amqp_props *p) {
   int n = 0;
   px_admin_append(r, "{", 1);
 #define PX__JSON_PROP(field, NAME, bit, type)                                  \
@@ -177,8 +182,6 @@ static void json_props(px_admin_response *r, const amqp_props *p) {
 int px_dlq_json_message(px_admin_response *r, const px_dlq_message *m,
                         const retry_policy *p) {
   const amqp_props *props = &m->header->props;
-  amqp_field headers = {.type = 'F'};
-  headers.v.bytes = props->headers;
   px_admin_printf(r, "{\"index\":%" PRIu64 ",\"redelivered\":%s,\"exchange\":",
                   m->index, m->redelivered ? "true" : "false");
   px_admin_json_bytes(r, m->exchange.ptr, m->exchange.len);
@@ -187,9 +190,9 @@ int px_dlq_json_message(px_admin_response *r, const px_dlq_message *m,
   px_admin_printf(r, ",\"rebound\":");
   json_rebound(r, props->headers, p);
   px_admin_printf(r, ",\"properties\":");
-  json_props(r, props);
+  px_dlq_json_properties(r, props);
   px_admin_printf(r, ",\"headers\":");
-  json_container(r, &headers, 0);
+  px_dlq_json_headers(r, props->headers);
   uint64_t shown = m->body_len < PX_DLQ_PREVIEW ? m->body_len : PX_DLQ_PREVIEW;
   px_admin_printf(r, ",\"body_size\":%" PRIu64 ",\"body\":", m->body_len);
   px_admin_json_bytes(r, m->body, (size_t)shown);

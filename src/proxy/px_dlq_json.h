@@ -23,6 +23,11 @@
 int px_dlq_json_message(px_admin_response *r, const px_dlq_message *m,
                         const retry_policy *p);
 
+/* The basic properties present (headers aside) as an object; a headers
+ * table as an object. */
+void px_dlq_json_properties(px_admin_response *r, const amqp_props *p);
+void px_dlq_json_headers(px_admin_response *r, amqp_bytes headers);
+
 /* Append one queue object: name, exists, messages, consumers (null when
  * absent), and error when the broker refused to say. */
 int px_dlq_json_count(px_admin_response *r, const px_dlq_count *c);

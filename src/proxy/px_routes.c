@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "px_dlq_http.h"
 #include "px_metrics.h"
 #include "px_server.h"
 #include "px_view.h"
@@ -11,6 +12,17 @@
 
 typedef void (*route_fn)(px_server *srv, const px_admin_request *req,
                          const char *segment, px_admin_response *r);
+
+static void route_page(px_server *srv, const px_admin_request *req,
+                       const char *segment, px_admin_response *r) {
+  (void)srv, (void)req, (void)segment;
+  r->content_type = "text/html; charset=utf-8";
+  px_admin_header(r, "Cache-Control", "no-store");
+  px_admin_header(r, "Content-Security-Policy",
+                  "default-src 'self'; script-src 'unsafe-inline'; "
+                  "style-src 'unsafe-inline'; frame-ancestors 'none'");
+  px_admin_append(r, px_admin_page, px_admin_page_len);
+}
 
 static void route_healthz(px_server *srv, const px_admin_request *req,
                           const char *segment, px_admin_response *r) {
@@ -61,9 +73,17 @@ static const struct route {
   const char *method; /* GET (and HEAD) or POST */
   route_fn fn;
 } routes[] = {
-    {"/healthz", "GET", route_healthz},  {"/readyz", "GET", route_readyz},
-    {"/metrics", "GET", route_metrics},  {"/v1/status", "GET", route_status},
+    {"/", "GET", route_page},
+    {"/healthz", "GET", route_healthz},
+    {"/readyz", "GET", route_readyz},
+    {"/metrics", "GET", route_metrics},
+    {"/v1/status", "GET", route_status},
     {"/v1/queues", "GET", route_queues},
+    {"/v1/dlq", "GET", px_dlq_http_list},
+    {"/v1/dlq/names", "GET", px_dlq_http_names},
+    {"/v1/dlq/{}/messages", "GET", px_dlq_http_messages},
+    {"/v1/dlq/{}/redrive", "POST", px_dlq_http_redrive},
+    {"/v1/dlq/{}/purge", "POST", px_dlq_http_purge},
 };
 
 int px_routes_decode(const char *s, size_t len, char *out, size_t cap) {
@@ -117,8 +137,8 @@ static bool match(const char *pattern, const char *path, char *seg, bool *bad) {
 
 static void not_found(px_admin_response *r) {
   r->status = 404;
-  px_admin_printf(r, "not found: try /healthz, /readyz, /metrics, "
-                     "/v1/status, /v1/queues\n");
+  px_admin_printf(r, "not found: try /, /healthz, /readyz, /metrics, "
+                     "/v1/status, /v1/queues, /v1/dlq\n");
 }
 
 void px_routes_route(void *ctx, const px_admin_request *req,

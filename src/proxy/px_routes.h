@@ -1,5 +1,6 @@
 /* px_routes.h - the admin endpoint's routes, one table (README, "Admin
- * endpoint"): the health and metrics routes and the status documents. */
+ * endpoint"): the health and metrics routes, the status documents, the
+ * dead-letter routes (px_dlq_http.h) and the page at "/". */
 #ifndef PX_ROUTES_H
 #define PX_ROUTES_H
 

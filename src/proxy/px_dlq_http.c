@@ -1,0 +1,320 @@
+/* px_dlq_http.c - the admin endpoint's dead-letter routes (px_dlq_http.h).
+ */
+#define _DEFAULT_SOURCE /* explicit_bzero */
+#include "px_dlq_http.h"
+
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "px_dlq.h"
+#include "px_dlq_json.h"
+#include "px_log.h"
+#include "px_routes.h"
+#include "px_server.h"
+
+#define MESSAGES_DEFAULT 10
+#define MESSAGES_MAX 1000
+
+/* One request's operation, from the route until it is answered or the
+ * client is gone. */
+typedef struct http_op {
+  px_admin_response *resp;
+  px_dlq *op;
+  px_dlq_kind kind;
+  retry_policy policy; /* the header prefix, for rendering (no rules) */
+  unsigned items;
+  char user[256];
+  char queue[256];
+  char names[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1];
+} http_op;
+
+static void json_error(px_admin_response *r, int status, const char *text) {
+  r->status = status;
+  r->content_type = "application/json";
+  r->len = 0;
+  px_admin_printf(r, "{\"error\":");
+  px_admin_json_string(r, text);
+  px_admin_printf(r, "}\n");
+}
+
+/* "Basic base64(user:password)" into the request. false if absent or
+ * malformed. */
+static bool basic_auth(const char *h, px_dlq_request *q) {
+  unsigned char raw[PX_ADMIN_MAX_AUTH];
+  if (strncasecmp(h, "Basic ", 6) != 0)
+    return false;
+  h += 6;
+  size_t n = strlen(h);
+  if (n == 0 || n % 4 || n / 4 * 3 > sizeof raw)
+    return false;
+  int len = EVP_DecodeBlock(raw, (const unsigned char *)h, (int)n);
+  if (len < 0)
+    return false;
+  len -= (h[n - 1] == '=') + (h[n - 2] == '=');
+  char *colon = memchr(raw, ':', (size_t)len);
+  size_t ulen = colon ? (size_t)(colon - (char *)raw) : 0;
+  size_t plen = colon ? (size_t)len - ulen - 1 : 0;
+  bool ok = colon && ulen && ulen < sizeof q->user &&
+            plen < sizeof q->password && !memchr(raw, 0, (size_t)len);
+  if (ok) {
+    memcpy(q->user, raw, ulen);
+    q->user[ulen] = '\0';
+    memcpy(q->password, colon + 1, plen);
+    q->password[plen] = '\0';
+  }
+  explicit_bzero(raw, sizeof raw);
+  return ok;
+}
+
+/* The request's credentials and parameters; false with the answer
+ * written when they are missing or wrong. */
+static bool parse_request(const px_admin_request *req, px_dlq_request *q,
+                          px_admin_response *r) {
+  char limit[32];
+  if (!basic_auth(req->authorization, q)) {
+    px_admin_header(r, "WWW-Authenticate", "Basic realm=\"rebound\"");
+    json_error(r, 401,
+               "credentials needed: HTTP Basic with a broker user and "
+               "password (the broker's permissions apply)");
+    return false;
+  }
+  int v = px_routes_param(req->query, "vhost", q->vhost, sizeof q->vhost);
+  if (v == 0)
+    strcpy(q->vhost, "/");
+  int t = px_routes_param(req->query, "to", q->to, sizeof q->to);
+  int l = px_routes_param(req->query, "limit", limit, sizeof limit);
+  char *end = limit;
+  if (l == 1)
+    q->limit = strtoull(limit, &end, 10);
+  if (v < 0 || t < 0 || l < 0 ||
+      (l == 1 && (*end || !limit[0] || limit[0] == '-' || !q->limit))) {
+    json_error(r, 400,
+               "bad parameter: vhost and to are percent-encoded names, "
+               "limit a whole number >= 1");
+    return false;
+  }
+  return true;
+}
+
+/* ---- events ---- */
+
+static void on_count(void *ctx, const px_dlq_count *c) {
+  http_op *h = ctx;
+  px_admin_printf(h->resp, "%s", h->items++ ? "," : "");
+  px_dlq_json_count(h->resp, c);
+}
+
+static void on_message(void *ctx, const px_dlq_message *m) {
+  http_op *h = ctx;
+  px_admin_printf(h->resp, "%s", h->items++ ? "," : "");
+  px_dlq_json_message(h->resp, m, &h->policy);
+}
+
+/* The end of a successful answer, after what the events appended. */
+static void close_json(http_op *h, const px_dlq_result *res) {
+  px_admin_response *r = h->resp;
+  switch (h->kind) {
+  case PX_DLQ_COUNT:
+    px_admin_printf(r, "]}\n");
+    return;
+  case PX_DLQ_SHOW:
+    px_admin_printf(r, "],\"total\":%" PRIu64 "}\n", res->total);
+    return;
+  case PX_DLQ_REDRIVE:
+  case PX_DLQ_PURGE:
+    r->len = 0;
+    px_admin_printf(r, "{\"queue\":");
+    px_admin_json_string(r, h->queue);
+    if (h->kind == PX_DLQ_PURGE)
+      px_admin_printf(r, ",\"purged\":%" PRIu64 "}\n", res->purged);
+    else
+      px_admin_printf(r,
+                      ",\"moved\":%" PRIu64 ",\"not_moved\":%" PRIu64
+                      ",\"total\":%" PRIu64 "}\n",
+                      res->moved, res->not_moved, res->total);
+    return;
+  }
+}
+
+/* Who changed what, at info: the operator's trail. */
+static void log_change(http_op *h, const px_dlq_result *res) {
+  if (h->kind == PX_DLQ_REDRIVE)
+    px_info("dlq_redrive", PX_S("queue", h->queue), PX_S("user", h->user),
+            PX_U("moved", res->moved), PX_U("not_moved", res->not_moved),
+            PX_S("status", res->status == PX_DLQ_OK ? "done" : res->error));
+  else if (h->kind == PX_DLQ_PURGE)
+    px_info("dlq_purge", PX_S("queue", h->queue), PX_S("user", h->user),
+            PX_U("purged", res->purged),
+            PX_S("status", res->status == PX_DLQ_OK ? "done" : res->error));
+}
+
+static void on_done(void *ctx, const px_dlq_result *res) {
+  http_op *h = ctx;
+  px_admin_response *r = h->resp;
+  log_change(h, res);
+  if (res->status == PX_DLQ_OK) {
+    close_json(h, res);
+  } else {
+    json_error(r, px_dlq_http_status(res->status), res->error);
+    if (h->kind == PX_DLQ_REDRIVE || h->kind == PX_DLQ_PURGE) {
+      r->len -= 2; /* "}\n": the counts of what was done go with it */
+      px_admin_printf(r,
+                      ",\"moved\":%" PRIu64 ",\"not_moved\":%" PRIu64
+                      ",\"purged\":%" PRIu64 "}\n",
+                      res->moved, res->not_moved, res->purged);
+    }
+  }
+  px_admin_resume(r);
+  free(h);
+}
+
+static void on_cancel(void *state) {
+  http_op *h = state;
+  px_dlq_cancel(h->op);
+  free(h);
+}
+
+static const px_dlq_events events = {on_count, on_message, NULL, on_done};
+
+/* ---- routes ---- */
+
+/* Start the operation and defer the answer (or answer the failure). */
+static void run(px_server *srv, http_op *h, px_dlq_request *q,
+                px_admin_response *r) {
+  q->name = "rebound admin";
+  snprintf(h->user, sizeof h->user, "%s", q->user);
+  h->resp = r;
+  h->kind = q->kind;
+  snprintf(h->policy.header_prefix, sizeof h->policy.header_prefix, "%s",
+           srv->cfg->retry.header_prefix);
+  h->op = px_dlq_start(srv->loop, srv->cfg, &srv->dial_memory,
+                       srv->tls_upstream, q, &events, h);
+  explicit_bzero(q->password, sizeof q->password);
+  if (!h->op) {
+    free(h);
+    json_error(r, 500, "out of memory");
+    return;
+  }
+  r->content_type = "application/json";
+  px_admin_defer(r, on_cancel, h);
+}
+
+/* Parse the request into a new op; NULL with the answer written. */
+static http_op *begin(const px_admin_request *req, px_dlq_request *q,
+                      px_dlq_kind kind, const char *queue,
+                      px_admin_response *r) {
+  memset(q, 0, sizeof *q);
+  q->kind = kind;
+  if (!parse_request(req, q, r))
+    return NULL;
+  http_op *h = calloc(1, sizeof *h);
+  if (!h) {
+    explicit_bzero(q->password, sizeof q->password);
+    json_error(r, 500, "out of memory");
+    return NULL;
+  }
+  snprintf(q->queue, sizeof q->queue, "%s", queue ? queue : "");
+  snprintf(h->queue, sizeof h->queue, "%s", q->queue);
+  return h;
+}
+
+static void add_name(http_op *h, px_dlq_request *q, const char *name) {
+  for (unsigned i = 0; i < q->nqueues; i++)
+    if (strcmp(q->queues[i], name) == 0)
+      return;
+  if (q->nqueues >= PX_DLQ_MAX_QUEUES)
+    return;
+  snprintf(h->names[q->nqueues], sizeof h->names[0], "%s", name);
+  q->queues[q->nqueues] = h->names[q->nqueues];
+  q->nqueues++;
+}
+
+/* The dead-letter queues of the policies' literal queue names, and of
+ * the queues rebound parked messages from. */
+static void known_queues(px_server *srv, http_op *h, px_dlq_request *q) {
+  const retry_policy *p = &srv->cfg->retry;
+  char dlq[RETRY_NAME_MAX + 1];
+  for (unsigned i = 0; i < p->nrules; i++)
+    for (unsigned g = 0; g < p->rules[i].nglobs; g++) {
+      const char *name = p->rules[i].globs[g];
+      if (!strpbrk(name, "*?") &&
+          retry_dlq_name(&p->rules[i], name, strlen(name), dlq, sizeof dlq) >=
+              0)
+        add_name(h, q, dlq);
+    }
+  const px_queues *qs = &srv->metrics.queues;
+  for (uint32_t i = 0; i < qs->n; i++) {
+    const px_queue_stat *s = &qs->q[i];
+    const retry_rule *rule = retry_match(p, s->name, strlen(s->name));
+    if (s->n[PX_QC_DEAD_LETTERED] && rule &&
+        retry_dlq_name(rule, s->name, strlen(s->name), dlq, sizeof dlq) >= 0)
+      add_name(h, q, dlq);
+  }
+}
+
+void px_dlq_http_names(px_server *srv, const px_admin_request *req,
+                       const char *queue, px_admin_response *r) {
+  px_dlq_request q = {0};
+  http_op *h = calloc(1, sizeof *h);
+  (void)req, (void)queue;
+  if (!h) {
+    r->status = 500;
+    px_admin_printf(r, "out of memory\n");
+    return;
+  }
+  known_queues(srv, h, &q);
+  for (unsigned i = 0; i < q.nqueues; i++)
+    px_admin_printf(r, "%s\n", q.queues[i]);
+  free(h);
+}
+
+void px_dlq_http_list(px_server *srv, const px_admin_request *req,
+                      const char *queue, px_admin_response *r) {
+  px_dlq_request q;
+  http_op *h = begin(req, &q, PX_DLQ_COUNT, queue, r);
+  if (!h)
+    return;
+  known_queues(srv, h, &q);
+  px_admin_printf(r, "{\"vhost\":");
+  px_admin_json_string(r, q.vhost);
+  px_admin_printf(r, ",\"queues\":[");
+  run(srv, h, &q, r);
+}
+
+void px_dlq_http_messages(px_server *srv, const px_admin_request *req,
+                          const char *queue, px_admin_response *r) {
+  px_dlq_request q;
+  http_op *h = begin(req, &q, PX_DLQ_SHOW, queue, r);
+  if (!h)
+    return;
+  if (q.limit > MESSAGES_MAX) {
+    explicit_bzero(q.password, sizeof q.password);
+    free(h);
+    json_error(r, 400, "limit: at most 1000 messages per request");
+    return;
+  }
+  if (!q.limit)
+    q.limit = MESSAGES_DEFAULT;
+  px_admin_printf(r, "{\"queue\":");
+  px_admin_json_string(r, q.queue);
+  px_admin_printf(r, ",\"messages\":[");
+  run(srv, h, &q, r);
+}
+
+void px_dlq_http_redrive(px_server *srv, const px_admin_request *req,
+                         const char *queue, px_admin_response *r) {
+  px_dlq_request q;
+  http_op *h = begin(req, &q, PX_DLQ_REDRIVE, queue, r);
+  if (h)
+    run(srv, h, &q, r);
+}
+
+void px_dlq_http_purge(px_server *srv, const px_admin_request *req,
+                       const char *queue, px_admin_response *r) {
+  px_dlq_request q;
+  http_op *h = begin(req, &q, PX_DLQ_PURGE, queue, r);
+  if (h)
+    run(srv, h, &q, r);
+}
