@@ -8,6 +8,8 @@ large inputs made here and config files.
   props/   every distinct content-header payload
   table/   every distinct field table (peer properties, arguments, headers)
   config/  YAML config files, valid and invalid
+  dlq/     fuzz_dlq's inputs: messages as the broker hands out parked ones
+           (a content header and a body), broker URLs, query strings
 
 The recordings hold no frame over 4 KiB, so large_seeds() adds inputs
 around and above RabbitMQ's frame-max of 131072 and up to rebound's cap of
@@ -90,7 +92,8 @@ def main():
             put("frame", b"\x80" + b"".join(run), seen)
     large_seeds(seen)
     config_seeds()
-    for kind in ("frame", "method", "props", "table", "config"):
+    dlq_seeds(seen)
+    for kind in ("frame", "method", "props", "table", "config", "dlq"):
         print(kind, len(os.listdir(os.path.join(OUT, kind))), file=sys.stderr)
 
 
@@ -282,6 +285,39 @@ def large_seeds(seen):
     seed("table", big_table(200000, 18))
     seed("table", big_table(1 << 20, 19, long_value=300000, depth=31))
     seed("table", shortstr(b"arr") + b"A" + longstr(big_array(150000, 20)))
+
+
+# ---- dead-letter operations --------------------------------------------------
+
+DLQ_URLS = [
+    b"amqp://guest:guest@127.0.0.1:5672/%2F", b"amqps://ops@[::1]/prod",
+    b"amqp://u@h", b"amqp://u:p%40ss@rabbit-a:5671/v%2Fhost",
+    b"amqp://:@:/", b"amqp://u@h:99999/", b"amqp://u:p%zz@h/", b"amqp://@h",
+    b"amqp://u@[::1/", b"amqp://u@h/a%00b",
+]
+DLQ_QUERIES = [b"limit=5&vhost=%2F", b"limit=&to=a+b", b"to=%4",
+               b"limit=18446744073709551616", b"&&limit=1&", b"vhost=%E2%82%AC"]
+
+
+def dlq_seeds(seen):
+    parked = big_table(0) + b"".join(
+        shortstr(k) + v for k, v in [
+            (b"rebound-retry-count", b"l" + struct.pack(">q", 3)),
+            (b"rebound-source-queue", b"S" + longstr(b"orders")),
+            (b"rebound-dead-letter-reason", b"S" + longstr(b"max-attempts")),
+            (b"rebound-first-failed-at", b"T" + struct.pack(">Q", 1764651600)),
+            (b"x-death", b"A" + longstr(b"F" + longstr(table_entries(4, 1)))),
+        ])
+    for i, hdr in enumerate([content_header(11, parked),
+                             content_header(3, big_table(3000, 21, depth=12)),
+                             content_header(0, b"", flags=0)]):
+        body = [b"hello \xc3\xa9t\xc3", pattern(3000, i), b""][i]
+        put("dlq", b"\x00" + struct.pack(">H", len(hdr)) + hdr + body, seen,
+            limit=65536)
+    for u in DLQ_URLS:
+        put("dlq", b"\x01" + u, seen)
+    for q in DLQ_QUERIES:
+        put("dlq", b"\x02" + q, seen)
 
 
 # ---- config files -------------------------------------------------------------
