@@ -292,8 +292,8 @@ static bool window_full(const px_dlq *d) {
 static void pump(px_dlq *d) {
   if (d->state != ST_RUNNING || d->get_pending)
     return;
-  if (d->req.limit && d->gets >= d->req.limit)
-    d->gets_done = true;
+  if ((d->req.limit && d->gets >= d->req.limit) || d->gets >= d->res.total)
+    d->gets_done = true; /* what came later waits for the next run */
   if (!d->gets_done && !window_full(d)) {
     d->get_pending = true;
     send_queue_method(d, AMQP_BASIC_GET, d->req.queue);
@@ -323,7 +323,7 @@ static bool redrive_target(px_dlq *d, char *out, size_t cap) {
     return false;
   memcpy(out, f.v.bytes.ptr, f.v.bytes.len);
   out[f.v.bytes.len] = '\0';
-  return true;
+  return strcmp(out, d->req.queue) != 0; /* never back where it is */
 }
 
 static void redrive_one(px_dlq *d) {
@@ -332,7 +332,8 @@ static void redrive_one(px_dlq *d) {
     d->res.not_moved++; /* stays: requeued when the channel closes */
     px_warn("dlq_no_source_queue", PX_S("queue", d->req.queue),
             PX_U("message", d->gets),
-            PX_S("note", "no source-queue header: redrive it with a target"));
+            PX_S("note", "no source-queue header (or the dead-letter queue "
+                         "itself): redrive it with a target"));
     return;
   }
   if (publish_copy(d, target) != 0) {

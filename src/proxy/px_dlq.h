@@ -27,15 +27,19 @@
  *            the confirm and the ack leaves the message in both queues. A
  *            copy the broker returns (no such queue) stops the run, and
  *            the messages whose copies were still unconfirmed stay in the
- *            dead-letter queue too. At most PX_DLQ_WINDOW copies (and
+ *            dead-letter queue too. A message whose source is the
+ *            dead-letter queue itself stays. At most PX_DLQ_WINDOW copies (and
  *            PX_DLQ_WINDOW_BYTES of them) are unconfirmed at once.
  *            `dry_run`: browsed as SHOW, each message reported, nothing
  *            moved.
  *   PURGE    without a limit queue.purge (the count is the broker's);
  *            with one, basic.get with no-ack up to `limit` (each get-ok is
  *            one message removed).
- * An operation waits at most PX_DLQ_IDLE_MS for any frame from the broker,
- * then fails.
+ * SHOW, REDRIVE and PURGE with a limit take at most the messages the
+ * queue held at the start (queue.declare passive): messages that arrive
+ * meanwhile (a redriven one failing again) wait for the next run, so a
+ * run always ends. An operation waits at most PX_DLQ_IDLE_MS for any
+ * frame from the broker, then fails.
  *
  * Events reach the owner from the loop, never from inside px_dlq_start();
  * `done` is the last, and the operation frees itself after it.

@@ -281,6 +281,8 @@ static int check_command(cli *c) {
       snprintf(c->req.queue, sizeof c->req.queue, "%s", c->req.queues[0]);
     if ((c->req.to[0] || c->req.dry_run) && i != 2)
       return fail("%s: --to and --dry-run are redrive's", c->cmd);
+    if (c->req.to[0] && strcmp(c->req.to, c->req.queue) == 0)
+      return fail("redrive: --to %s is the queue redriven", c->req.to);
     if (i == 1 && !c->have_limit)
       c->req.limit = SHOW_DEFAULT_LIMIT;
     return 0;

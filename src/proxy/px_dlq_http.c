@@ -307,6 +307,12 @@ void px_dlq_http_redrive(px_server *srv, const px_admin_request *req,
                          const char *queue, px_admin_response *r) {
   px_dlq_request q;
   http_op *h = begin(req, &q, PX_DLQ_REDRIVE, queue, r);
+  if (h && strcmp(q.to, q.queue) == 0) {
+    explicit_bzero(q.password, sizeof q.password);
+    free(h);
+    json_error(r, 400, "to: the queue redriven itself");
+    return;
+  }
   if (h)
     run(srv, h, &q, r);
 }
