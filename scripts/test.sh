@@ -34,14 +34,15 @@ echo "== unit and integration tests"
 status=0
 ctest --test-dir "$build/asan" --output-on-failure -j "$jobs" || status=1
 
-echo "== valgrind: rebound (no sanitizers) under rabbitmq-c traffic and retries, and TLS on both sides"
+echo "== valgrind: rebound (no sanitizers) under rabbitmq-c traffic and retries, TLS on both sides, and the dead-letter tools"
 cmake -S . -B "$build/valgrind" -DCMAKE_BUILD_TYPE=Debug -DREBOUND_BENCH=OFF \
   >/dev/null
 cmake --build "$build/valgrind" -j "$jobs" \
   --target rebound proxy_rabbitmq_c proxy_rabbitmq_c_retry
 REBOUND_WRAPPER="valgrind --quiet --leak-check=full --error-exitcode=9" \
   ctest --test-dir "$build/valgrind" --output-on-failure \
-  -R '^test_(proxy|retry)_rabbitmq_c$|^test_tls_pika$' || status=1
+  -R '^test_(proxy|retry)_rabbitmq_c$|^test_tls_pika$|^test_dlq_tools$' ||
+  status=1
 
 if [ "$fuzz_seconds" != 0 ]; then
   echo "== fuzzing (clang, libFuzzer, ${fuzz_seconds}s per target)"
