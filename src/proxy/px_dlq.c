@@ -105,6 +105,15 @@ int px_dlq_http_status(px_dlq_status s) {
   return codes[s];
 }
 
+const char *px_dlq_status_text(px_dlq_status s) {
+  static const char *const texts[] = {
+#define PX__DLQ_TEXT(name, code, http, text) text,
+      PX_DLQ_STATUSES(PX__DLQ_TEXT)
+#undef PX__DLQ_TEXT
+  };
+  return texts[s];
+}
+
 /* ---- the end ---- */
 
 static void content_reset(dlq_content *m) {
@@ -129,14 +138,28 @@ static void release(px_dlq *d) {
   uv_close((uv_handle_t *)&d->timer, on_timer_closed);
 }
 
+/* A redrive's messages left in the queue: those taken and not acked, and
+ * after a failure those it was to take and did not. */
+static uint64_t not_moved(const px_dlq *d, px_dlq_status st) {
+  uint64_t planned =
+      d->req.limit && d->req.limit < d->res.total ? d->req.limit : d->res.total;
+  uint64_t left = d->gets - d->res.moved;
+  if (st != PX_DLQ_OK && planned > d->gets)
+    left += planned - d->gets;
+  return left;
+}
+
 static void finish(px_dlq *d, px_dlq_status st, uint16_t code,
                    const char *why) {
   if (d->state == ST_DONE)
     return;
   d->res.status = st;
   d->res.code = code;
-  snprintf(d->error, sizeof d->error, "%s", why ? why : "");
+  if (why != d->error)
+    snprintf(d->error, sizeof d->error, "%s", why ? why : "");
   d->res.error = d->error;
+  if (d->req.kind == PX_DLQ_REDRIVE && !d->req.dry_run)
+    d->res.not_moved = not_moved(d, st);
   if (!d->cancelled && d->ev->done)
     d->ev->done(d->ctx, &d->res);
   release(d);
@@ -216,7 +239,8 @@ static void close_channel(px_dlq *d) {
 /* The copy's headers: the message's, without the retry count, the
  * dead-letter reason and an earlier redriven-at, with redriven-at now. */
 static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
-  const char *drop[] = {d->h_count, d->h_reason, d->h_redriven};
+  const char *drop[] = {d->h_count, d->h_reason, d->h_redriven,
+                        "x-delivery-count"};
   amqp_table_iter it;
   amqp_bytes key;
   amqp_field v;
@@ -224,7 +248,7 @@ static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
   amqp_table_iter_init(&it, src);
   while ((rc = amqp_table_next(&it, &key, &v)) > 0) {
     bool keep = true;
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
       keep = keep && !(key.len == strlen(drop[i]) &&
                        memcmp(key.ptr, drop[i], key.len) == 0);
     if (keep)
@@ -301,7 +325,7 @@ static void pump(px_dlq *d) {
   }
   if (d->gets_done && d->seq_settled == d->seq) {
     if (d->stopped)
-      finish(d, PX_DLQ_FAILED, 0, d->error);
+      finish(d, PX_DLQ_NOT_FOUND, 0, d->error);
     else if (d->req.kind == PX_DLQ_PURGE)
       finish(d, PX_DLQ_OK, 0, NULL);
     else
@@ -329,7 +353,7 @@ static bool redrive_target(px_dlq *d, char *out, size_t cap) {
 static void redrive_one(px_dlq *d) {
   char target[RETRY_NAME_MAX + 1];
   if (!redrive_target(d, target, sizeof target)) {
-    d->res.not_moved++; /* stays: requeued when the channel closes */
+    d->res.unsourced++; /* stays: requeued when the channel closes */
     px_warn("dlq_no_source_queue", PX_S("queue", d->req.queue),
             PX_U("message", d->gets),
             PX_S("note", "no source-queue header (or the dead-letter queue "
@@ -353,8 +377,8 @@ static void message_done(px_dlq *d) {
   if (c->is_return) {
     d->stopped = d->gets_done = true;
     snprintf(d->error, sizeof d->error,
-             "the broker returned a copy for queue '%s' (%s): messages not "
-             "yet confirmed stay in %s",
+             "no queue '%s' to move messages into (the broker returned a copy: "
+             "%s); the messages not yet moved stay in %s",
              c->routing_key, c->reply, d->req.queue);
   } else if (d->req.kind == PX_DLQ_PURGE) {
     d->res.purged++;
@@ -371,9 +395,9 @@ static void message_done(px_dlq *d) {
                         c->body_len};
     if (d->ev->message)
       d->ev->message(d->ctx, &m);
-  } else {
+  } else if (!d->stopped) {
     redrive_one(d);
-  }
+  } /* after a return nothing more is published: the message stays */
   free(c->header);
   free(c->body);
   c->header = c->body = NULL;
@@ -398,8 +422,6 @@ static void confirmed(px_dlq *d, uint64_t tag, bool multiple, bool ack) {
       d->res.moved++;
       if (d->ev->progress)
         d->ev->progress(d->ctx, d->res.moved, d->res.total);
-    } else {
-      d->res.not_moved++;
     }
   }
   if (d->state == ST_DONE)
@@ -570,7 +592,7 @@ static void method(px_dlq *d, const amqp_method *m) {
     return;
   case AMQP_CHANNEL_CLOSE_OK:
     if (d->state == ST_CLOSING)
-      finish(d, d->stopped ? PX_DLQ_FAILED : PX_DLQ_OK, 0, d->error);
+      finish(d, d->stopped ? PX_DLQ_NOT_FOUND : PX_DLQ_OK, 0, d->error);
     return;
   default:
     return;

@@ -74,7 +74,7 @@ typedef enum px_dlq_kind {
   X(FAILED, 1, 502, "failed part-way")                                         \
   X(UNREACHABLE, 3, 502, "no broker reachable")                                \
   X(REFUSED, 4, 403, "refused by the broker")                                  \
-  X(NOT_FOUND, 5, 404, "no such queue")
+  X(NOT_FOUND, 5, 404, "no such queue") /* also a redrive's target */
 
 typedef enum px_dlq_status {
 #define PX__DLQ_STATUS_ENUM(name, code, http, text) PX_DLQ_##name,
@@ -84,6 +84,7 @@ typedef enum px_dlq_status {
 
 int px_dlq_exit_code(px_dlq_status s);
 int px_dlq_http_status(px_dlq_status s);
+const char *px_dlq_status_text(px_dlq_status s);
 
 typedef struct px_dlq_request {
   px_dlq_kind kind;
@@ -123,7 +124,9 @@ typedef struct px_dlq_result {
   uint64_t total;     /* messages in the queue at the start */
   uint64_t browsed;   /* SHOW, dry run */
   uint64_t moved;     /* REDRIVE: confirmed and acked */
-  uint64_t not_moved; /* REDRIVE: left in the queue (nack, no source) */
+  uint64_t not_moved; /* REDRIVE: left in the queue: taken and not moved,
+                         and after a failure those not taken */
+  uint64_t unsourced; /* REDRIVE: of those, without a source to go to */
   uint64_t purged;    /* PURGE */
 } px_dlq_result;
 

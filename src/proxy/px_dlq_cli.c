@@ -522,16 +522,21 @@ static void on_done(void *ctx, const px_dlq_result *r) {
   }
   if (r->status == PX_DLQ_OK || r->moved || r->purged)
     print_result(c, r);
-  if (r->status != PX_DLQ_OK)
-    fprintf(stderr, "rebound dlq: %s %s: %s: %s\n", c->cmd,
-            c->req.kind == PX_DLQ_COUNT ? "" : c->req.queue,
-            px_dlq_exit_code(r->status) == 3   ? "no broker reachable"
-            : px_dlq_exit_code(r->status) == 4 ? "refused by the broker"
-            : px_dlq_exit_code(r->status) == 5 ? "no such queue"
-                                               : "failed",
-            r->error);
-  fflush(stdout);
   c->exit_code = px_dlq_exit_code(r->status);
+  if (r->status == PX_DLQ_OK && r->not_moved) {
+    fprintf(stderr,
+            "rebound dlq: redrive %s: %" PRIu64 " messages left there (%" PRIu64
+            " without a source queue to go to: redrive them with --to; the "
+            "others refused by the broker)\n",
+            c->req.queue, r->not_moved, r->unsourced);
+    c->exit_code = 1;
+  }
+  if (r->status != PX_DLQ_OK)
+    fprintf(stderr, "rebound dlq: %s%s%s: %s: %s\n", c->cmd,
+            c->req.kind == PX_DLQ_COUNT ? "" : " ",
+            c->req.kind == PX_DLQ_COUNT ? "" : c->req.queue,
+            px_dlq_status_text(r->status), r->error);
+  fflush(stdout);
 }
 
 static const px_dlq_events events = {on_count, on_message, on_progress,
