@@ -87,31 +87,25 @@ struct px_dlq {
 
 /* ---- status table ---- */
 
+static const struct {
+  int exit_code, http;
+  const char *text;
+} statuses[] = {
+#define PX__DLQ_STATUS_ROW(name, code, http, text) {code, http, text},
+    PX_DLQ_STATUSES(PX__DLQ_STATUS_ROW)
+#undef PX__DLQ_STATUS_ROW
+};
+
 int px_dlq_exit_code(px_dlq_status s) {
-  static const int codes[] = {
-#define PX__DLQ_EXIT(name, code, http, text) code,
-      PX_DLQ_STATUSES(PX__DLQ_EXIT)
-#undef PX__DLQ_EXIT
-  };
-  return codes[s];
+  return statuses[s].exit_code;
 }
 
 int px_dlq_http_status(px_dlq_status s) {
-  static const int codes[] = {
-#define PX__DLQ_HTTP(name, code, http, text) http,
-      PX_DLQ_STATUSES(PX__DLQ_HTTP)
-#undef PX__DLQ_HTTP
-  };
-  return codes[s];
+  return statuses[s].http;
 }
 
 const char *px_dlq_status_text(px_dlq_status s) {
-  static const char *const texts[] = {
-#define PX__DLQ_TEXT(name, code, http, text) text,
-      PX_DLQ_STATUSES(PX__DLQ_TEXT)
-#undef PX__DLQ_TEXT
-  };
-  return texts[s];
+  return statuses[s].text;
 }
 
 /* ---- the end ---- */

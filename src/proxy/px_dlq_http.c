@@ -220,6 +220,22 @@ static http_op *begin(const px_admin_request *req, px_dlq_request *q,
   return h;
 }
 
+/* `{"key":"value","array":[`: the events append the array's items. */
+static void json_head(px_admin_response *r, const char *key, const char *value,
+                      const char *array) {
+  px_admin_printf(r, "{\"%s\":", key);
+  px_admin_json_string(r, value);
+  px_admin_printf(r, ",\"%s\":[", array);
+}
+
+/* A request whose parameters do not go together: 400, nothing started. */
+static void refuse(http_op *h, px_dlq_request *q, px_admin_response *r,
+                   const char *why) {
+  explicit_bzero(q->password, sizeof q->password);
+  free(h);
+  json_error(r, 400, why);
+}
+
 static void add_name(http_op *h, px_dlq_request *q, const char *name) {
   for (unsigned i = 0; i < q->nqueues; i++)
     if (strcmp(q->queues[i], name) == 0)
@@ -277,9 +293,7 @@ void px_dlq_http_list(px_server *srv, const px_admin_request *req,
   if (!h)
     return;
   known_queues(srv, h, &q);
-  px_admin_printf(r, "{\"vhost\":");
-  px_admin_json_string(r, q.vhost);
-  px_admin_printf(r, ",\"queues\":[");
+  json_head(r, "vhost", q.vhost, "queues");
   run(srv, h, &q, r);
 }
 
@@ -290,16 +304,12 @@ void px_dlq_http_messages(px_server *srv, const px_admin_request *req,
   if (!h)
     return;
   if (q.limit > MESSAGES_MAX) {
-    explicit_bzero(q.password, sizeof q.password);
-    free(h);
-    json_error(r, 400, "limit: at most 1000 messages per request");
+    refuse(h, &q, r, "limit: at most 1000 messages per request");
     return;
   }
   if (!q.limit)
     q.limit = MESSAGES_DEFAULT;
-  px_admin_printf(r, "{\"queue\":");
-  px_admin_json_string(r, q.queue);
-  px_admin_printf(r, ",\"messages\":[");
+  json_head(r, "queue", q.queue, "messages");
   run(srv, h, &q, r);
 }
 
@@ -308,9 +318,7 @@ void px_dlq_http_redrive(px_server *srv, const px_admin_request *req,
   px_dlq_request q;
   http_op *h = begin(req, &q, PX_DLQ_REDRIVE, queue, r);
   if (h && strcmp(q.to, q.queue) == 0) {
-    explicit_bzero(q.password, sizeof q.password);
-    free(h);
-    json_error(r, 400, "to: the queue redriven itself");
+    refuse(h, &q, r, "to: the queue redriven itself");
     return;
   }
   if (h)

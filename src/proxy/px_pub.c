@@ -436,9 +436,10 @@ static int keep_login(px_pub *p, const px_pub_login *l) {
   return 0;
 }
 
-px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
-                    const px_conn_io *io, const px_pub_login *login,
-                    const px_pub_events *ev, void *ctx) {
+/* A connection with its login kept and its events set, not yet
+ * connecting (nothing to close); NULL when out of memory. */
+static px_pub *pub_new(const px_pub_login *login, const char *conn_name,
+                       const px_pub_events *ev, void *ctx) {
   px_pub *p = calloc(1, sizeof *p);
   if (!p || keep_login(p, login) != 0) {
     if (p)
@@ -446,17 +447,7 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
     free(p);
     return NULL;
   }
-  px_conn_init(&p->conn, "retry", &conn_events, p);
-  if (io)
-    p->conn.io = io;
-  if (login->tls && px_tls_client(&p->conn, login->tls, login->tls_host) != 0) {
-    forget_login(p);
-    free(p);
-    return NULL;
-  }
-  uv_timer_init(loop, &p->close_timer);
-  p->close_timer.data = p;
-  p->handles = 2;
+  px_conn_init(&p->conn, conn_name, &conn_events, p);
   p->ev = ev;
   p->ctx = ctx;
   p->frame_max = login->frame_max;
@@ -464,6 +455,30 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
     snprintf(p->name, sizeof p->name, "%s", login->name);
   else
     snprintf(p->name, sizeof p->name, "rebound retries for %s", login->peer);
+  return p;
+}
+
+static void timer_start(px_pub *p, uv_loop_t *loop, uint32_t timeout_ms) {
+  uv_timer_init(loop, &p->close_timer);
+  p->close_timer.data = p;
+  uv_timer_start(&p->close_timer, on_timer, timeout_ms, 0);
+}
+
+px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
+                    const px_conn_io *io, const px_pub_login *login,
+                    const px_pub_events *ev, void *ctx) {
+  px_pub *p = pub_new(login, "retry", ev, ctx);
+  if (!p)
+    return NULL;
+  if (io)
+    p->conn.io = io;
+  if (login->tls && px_tls_client(&p->conn, login->tls, login->tls_host) != 0) {
+    forget_login(p);
+    free(p);
+    return NULL;
+  }
+  timer_start(p, loop, login->timeout_ms);
+  p->handles = 2;
   int rc = px_conn_connect(&p->conn, loop, addr);
   if (rc != 0) {
     if (!p->conn.open)
@@ -471,7 +486,6 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
     close_now(p);
     return NULL;
   }
-  uv_timer_start(&p->close_timer, on_timer, login->timeout_ms, 0);
   return p;
 }
 
@@ -505,24 +519,14 @@ px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
                     px_dial_memory *memory, struct px_tls_ctx *tls,
                     const px_pub_login *login, const px_pub_events *ev,
                     void *ctx) {
-  px_pub *p = calloc(1, sizeof *p);
-  if (!p || keep_login(p, login) != 0) {
-    if (p)
-      free(p->login);
-    free(p);
+  px_pub *p = pub_new(login, "broker", ev, ctx);
+  if (!p)
     return NULL;
-  }
-  px_conn_init(&p->conn, "broker", &conn_events, p);
-  uv_timer_init(loop, &p->close_timer);
-  p->close_timer.data = p;
+  if (!login->name)
+    snprintf(p->name, sizeof p->name, "rebound");
+  timer_start(p, loop, login->timeout_ms);
   p->handles = 2; /* the timer, the dialer */
   p->dialing = true;
-  p->ev = ev;
-  p->ctx = ctx;
-  p->frame_max = login->frame_max;
-  snprintf(p->name, sizeof p->name, "%s",
-           login->name ? login->name : "rebound");
-  uv_timer_start(&p->close_timer, on_timer, login->timeout_ms, 0);
   px_dial_start(&p->dial, loop, cfg, memory, tls, &p->conn,
                 cfg->connect_timeout_ms, &dial_events, p, 0);
   return p;
