@@ -70,6 +70,20 @@ typedef enum body_framing {
   BODY_CLOSE,   /* streamed to HTTP/1.0: ends when the connection does */
 } body_framing;
 
+/* Request headers the router sees (px_admin_request): Authorization,
+ * Origin, Host, Sec-Fetch-Site, in that order. A value that does not fit
+ * is passed on as "". */
+#define KEPT_HEADERS 4
+static const char *const kept_names[KEPT_HEADERS] = {"authorization", "origin",
+                                                     "host", "sec-fetch-site"};
+static const size_t kept_caps[KEPT_HEADERS] = {PX_ADMIN_MAX_AUTH, 255, 255, 31};
+
+typedef struct kept_header {
+  size_t len;
+  bool overflow;
+  char value[PX_ADMIN_MAX_AUTH + 1];
+} kept_header;
+
 typedef struct px_admin_conn {
   uv_tcp_t tcp;
   uv_timer_t timer;
@@ -87,11 +101,10 @@ typedef struct px_admin_conn {
   bool keep_alive; /* of the request being parsed */
   bool http11;     /* the request being parsed is HTTP/1.1 or later */
   bool head_only;  /* the request is a HEAD (kept while WAITING) */
-  bool auth_field; /* the header field being parsed is Authorization */
-  bool auth_long;  /* its value did not fit */
-  size_t field_len, auth_len;
-  char field[16];                   /* a header field's name, first bytes */
-  char auth[PX_ADMIN_MAX_AUTH + 1]; /* the Authorization header's value */
+  int kept;        /* the header being parsed is kept[kept] (-1: none) */
+  size_t field_len;
+  char field[24]; /* a header field's name, first bytes */
+  kept_header kept_headers[KEPT_HEADERS];
   int error_status; /* set by a parser callback before it fails */
   size_t head_bytes, body_bytes;
   uint64_t idle_since; /* loop time it last became idle */
@@ -207,6 +220,8 @@ int px_admin_json_bytes(px_admin_response *resp, const void *data, size_t len) {
       px_admin_printf(resp, "\\%c", *p);
     } else if (*p < 0x20 || *p == 0x7f) {
       px_admin_printf(resp, "\\u%04x", *p);
+    } else if (k == 2 && p[0] == 0xc2 && p[1] < 0xa0) { /* C1 controls */
+      px_admin_printf(resp, "\\u%04x", p[1]);
     } else {
       px_admin_append(resp, p, k);
     }
@@ -660,8 +675,10 @@ static int on_message_begin(llhttp_t *p) {
   c->head_bytes = REQUEST_LINE_BYTES;
   c->body_bytes = 0;
   c->error_status = 0;
-  c->field_len = c->auth_len = 0;
-  c->auth_field = c->auth_long = false;
+  c->field_len = 0;
+  c->kept = -1;
+  for (int i = 0; i < KEPT_HEADERS; i++)
+    c->kept_headers[i].len = 0, c->kept_headers[i].overflow = false;
   return 0;
 }
 
@@ -686,9 +703,13 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len) {
 static int on_header_field_complete(llhttp_t *p) {
   px_admin_conn *c = p->data;
   c->field[c->field_len] = '\0';
-  c->auth_field = strcasecmp(c->field, "authorization") == 0;
-  if (c->auth_field)
-    c->auth_len = 0;
+  c->kept = -1;
+  for (int i = 0; i < KEPT_HEADERS; i++)
+    if (strcasecmp(c->field, kept_names[i]) == 0) {
+      c->kept = i; /* the last one given counts */
+      c->kept_headers[i].len = 0;
+      c->kept_headers[i].overflow = false;
+    }
   c->field_len = 0;
   return 0;
 }
@@ -697,11 +718,12 @@ static int on_header_field_complete(llhttp_t *p) {
  * counted. */
 static int on_header_value(llhttp_t *p, const char *at, size_t len) {
   px_admin_conn *c = p->data;
-  if (c->auth_field) {
-    if (len > sizeof c->auth - 1 - c->auth_len)
-      c->auth_long = true;
+  if (c->kept >= 0) {
+    kept_header *k = &c->kept_headers[c->kept];
+    if (len > kept_caps[c->kept] - k->len)
+      k->overflow = true;
     else
-      memcpy(c->auth + c->auth_len, at, len), c->auth_len += len;
+      memcpy(k->value + k->len, at, len), k->len += len;
   }
   return count_head(p, len);
 }
@@ -760,13 +782,22 @@ static int on_message_complete(llhttp_t *p) {
   char *q = strchr(c->url, '?');
   if (q)
     *q++ = '\0';
-  c->auth[c->auth_long ? 0 : c->auth_len] = '\0';
-  px_admin_request req = {method, c->url, q ? q : "", c->auth};
+  for (int i = 0; i < KEPT_HEADERS; i++) {
+    kept_header *k = &c->kept_headers[i];
+    k->value[k->overflow ? 0 : k->len] = '\0';
+  }
+  px_admin_request req = {method,
+                          c->url,
+                          q ? q : "",
+                          c->kept_headers[0].value,
+                          c->kept_headers[1].value,
+                          c->kept_headers[2].value,
+                          c->kept_headers[3].value};
   resp_clear(r);
   a->route(a->ctx, &req, r);
   a->stats.requests++;
   log_request(c, method);
-  explicit_bzero(c->auth, sizeof c->auth);
+  explicit_bzero(c->kept_headers[0].value, sizeof c->kept_headers[0].value);
   if (r->deferred) {
     c->state = CONN_WAITING; /* no timer: the owner's work bounds it */
     uv_timer_stop(&c->timer);

@@ -142,7 +142,9 @@ int px_admin_printf(px_admin_response *resp, const char *fmt, ...)
 int px_admin_json_string(px_admin_response *resp, const char *s);
 
 /* The same for `len` bytes that may hold anything: a byte that is not
- * part of valid UTF-8 becomes U+FFFD. Returns 0, or -1 (`failed`). */
+ * part of valid UTF-8 becomes U+FFFD; control characters (C0, DEL, C1)
+ * are escaped, so the result is safe to show on a terminal. Returns 0, or
+ * -1 (`failed`). */
 int px_admin_json_bytes(px_admin_response *resp, const void *data, size_t len);
 
 /* Add a response header, e.g. ("Allow", "GET, HEAD"). `name` must be an
@@ -164,6 +166,10 @@ typedef struct px_admin_request {
   /* the Authorization header's value ("" if none, or over
    * PX_ADMIN_MAX_AUTH bytes); wiped after the call */
   const char *authorization;
+  /* Origin, Host and Sec-Fetch-Site ("" if none or over 255 bytes, 31
+   * for Sec-Fetch-Site): what a route needs to refuse a request another
+   * web site made a browser send */
+  const char *origin, *host, *sec_fetch_site;
 } px_admin_request;
 
 /* The router, called on the loop for each complete request, in order. It

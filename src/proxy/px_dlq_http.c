@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "px_dlq.h"
 #include "px_dlq_json.h"
@@ -20,6 +21,7 @@
 /* One request's operation, from the route until it is answered or the
  * client is gone. */
 typedef struct http_op {
+  px_server *srv;
   px_admin_response *resp;
   px_dlq *op;
   px_dlq_kind kind;
@@ -68,11 +70,36 @@ static bool basic_auth(const char *h, px_dlq_request *q) {
   return ok;
 }
 
+/* Did another web site make a browser send this? (Sec-Fetch-Site says
+ * so, or an Origin that is not this endpoint's Host.) A browser may hold
+ * Basic credentials for the endpoint and attach them to a form another
+ * site posts; curl and scripts send neither header. */
+static bool cross_site(const px_admin_request *req) {
+  const char *site = req->sec_fetch_site, *o = req->origin;
+  if (site[0] && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+    return true;
+  if (!o[0])
+    return false;
+  if (strncmp(o, "http://", 7) == 0)
+    o += 7;
+  else if (strncmp(o, "https://", 8) == 0)
+    o += 8;
+  else
+    return true; /* "null", or another scheme */
+  return strcasecmp(o, req->host) != 0;
+}
+
 /* The request's credentials and parameters; false with the answer
  * written when they are missing or wrong. */
 static bool parse_request(const px_admin_request *req, px_dlq_request *q,
                           px_admin_response *r) {
   char limit[32];
+  if (cross_site(req)) {
+    json_error(r, 403,
+               "cross-site request refused: the dead-letter routes answer "
+               "their own page and clients that are not browsers");
+    return false;
+  }
   if (!basic_auth(req->authorization, q)) {
     px_admin_header(r, "WWW-Authenticate", "Basic realm=\"rebound\"");
     json_error(r, 401,
@@ -90,6 +117,7 @@ static bool parse_request(const px_admin_request *req, px_dlq_request *q,
     q->limit = strtoull(limit, &end, 10);
   if (v < 0 || t < 0 || l < 0 ||
       (l == 1 && (*end || !limit[0] || limit[0] == '-' || !q->limit))) {
+    explicit_bzero(q->password, sizeof q->password);
     json_error(r, 400,
                "bad parameter: vhost and to are percent-encoded names, "
                "limit a whole number >= 1");
@@ -150,6 +178,14 @@ static void log_change(http_op *h, const px_dlq_result *res) {
             PX_S("status", res->status == PX_DLQ_OK ? "done" : res->error));
 }
 
+/* The operation is over (done, or cancelled with its connection). */
+static void op_end(http_op *h) {
+  px_server *srv = h->srv;
+  free(h);
+  srv->dlq_ops--;
+  px_server_op_done(srv);
+}
+
 static void on_done(void *ctx, const px_dlq_result *res) {
   http_op *h = ctx;
   px_admin_response *r = h->resp;
@@ -167,13 +203,13 @@ static void on_done(void *ctx, const px_dlq_result *res) {
     }
   }
   px_admin_resume(r);
-  free(h);
+  op_end(h);
 }
 
 static void on_cancel(void *state) {
   http_op *h = state;
   px_dlq_cancel(h->op);
-  free(h);
+  op_end(h);
 }
 
 static const px_dlq_events events = {on_count, on_message, NULL, on_done};
@@ -198,6 +234,8 @@ static void run(px_server *srv, http_op *h, px_dlq_request *q,
     return;
   }
   r->content_type = "application/json";
+  h->srv = srv;
+  srv->dlq_ops++; /* a drain waits for it */
   px_admin_defer(r, on_cancel, h);
 }
 

@@ -181,13 +181,17 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
 /* ---- shutdown ------------------------------------------------------------ */
 
 static void stop_loop_if_done(px_server *srv) {
-  if (srv->draining && !srv->sessions) {
+  if (srv->draining && !srv->sessions && !srv->dlq_ops) {
     px_server_stop(srv);
     uv_stop(srv->loop);
   }
 }
 
 static void session_gone(px_server *srv) {
+  stop_loop_if_done(srv);
+}
+
+void px_server_op_done(px_server *srv) {
   stop_loop_if_done(srv);
 }
 

@@ -114,6 +114,8 @@ typedef struct px_server {
   /* the transport of the retry connections (NULL: plain TCP; a test's) */
   const struct px_conn_io *pub_io;
   uint64_t next_id;
+  unsigned dlq_ops; /* admin dead-letter operations running: a drain
+                       waits for them too */
   bool draining;
   bool stopped; /* px_server_stop has run */
   px_stats stats;
@@ -143,6 +145,10 @@ typedef struct px_server {
   char upstream_err[384];     /* why not, for /readyz */
   px_dial_memory dial_memory; /* upstreams that failed lately */
 } px_server;
+
+/* An admin dead-letter operation ended (srv->dlq_ops was decremented):
+ * a drain waiting for it may end. */
+void px_server_op_done(px_server *srv);
 
 /* /readyz's answer: not draining, and an upstream answered the probe (or
  * a session) unless --ready-needs-upstream is off. */

@@ -23,8 +23,8 @@
  *   /stream-small -> streamed: "<" then slices "1\n", "2\n", "3\n" (last);
  *   /stream-fail -> streamed: "begin\n", one slice "x\n", then a failing
  *   one;
- *   /echo -> "query=Q authorization=A": the request's query string and
- *   Authorization header as the router saw them;
+ *   /echo -> "query=Q authorization=A origin=O host=H fetch=F": the
+ *   request's query string and kept headers as the router saw them;
  *   /deferred -> answered "deferred N\n" (N: deferred answers pending)
  *   50 ms later, from a timer (px_admin_defer);
  *   /deferred-never -> deferred and never answered: only the connection
@@ -213,8 +213,9 @@ static void route(void *ctx, const px_admin_request *req,
       px_admin_printf(r, "method %s not allowed\n", method);
     }
   } else if (get && strcmp(path, "/echo") == 0) {
-    px_admin_printf(r, "query=%s authorization=%s\n", req->query,
-                    req->authorization);
+    px_admin_printf(r, "query=%s authorization=%s origin=%s host=%s fetch=%s\n",
+                    req->query, req->authorization, req->origin, req->host,
+                    req->sec_fetch_site);
   } else if (get && strcmp(path, "/deferred") == 0) {
     route_deferred(h, r, true);
   } else if (get && strcmp(path, "/deferred-never") == 0) {

@@ -252,16 +252,30 @@ def test_query_string_stripped(harness):
         assert Reader(s).response()[::2] == (200, b"method GET\n")
 
 
-def test_router_sees_query_and_authorization(harness):
-    status, _, body = harness.get("/echo?limit=5&vhost=%2F",
-                                  headers={"Authorization": "Basic Z3Vlc3Q6"})
-    assert (status, body) == (
-        200, b"query=limit=5&vhost=%2F authorization=Basic Z3Vlc3Q6\n")
-    assert harness.get("/echo")[2] == b"query= authorization=\n"
+def echo(harness, path="/echo", pairs=(), **headers):
+    with harness.connect() as s:
+        s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\n" + b"".join(
+            k.encode() + b": " + v.encode() + b"\r\n"
+            for k, v in [*pairs, *headers.items()]) + b"\r\n")
+        return Reader(s).response()[::2]
+
+
+def test_router_sees_query_and_kept_headers(harness):
+    assert echo(harness, "/echo?limit=5&vhost=%2F",
+                Authorization="Basic Z3Vlc3Q6", Origin="http://a:1",
+                Host="a:1", **{"Sec-Fetch-Site": "same-origin"}) == (
+        200, b"query=limit=5&vhost=%2F authorization=Basic Z3Vlc3Q6 "
+        b"origin=http://a:1 host=a:1 fetch=same-origin\n")
+    assert echo(harness) == (
+        200, b"query= authorization= origin= host= fetch=\n")
+    # header names are case-insensitive; the last of a repeated one counts
+    assert echo(harness, pairs=[("ORIGIN", "x"), ("origin", "y")])[1] == (
+        b"query= authorization= origin=y host= fetch=\n")
     # a value too long to keep is not passed on, cut or otherwise
-    long_auth = "Basic " + "A" * 1100
-    assert harness.get("/echo", headers={"Authorization": long_auth})[2] == (
-        b"query= authorization=\n")
+    assert echo(harness, Authorization="Basic " + "A" * 1100) == (
+        200, b"query= authorization= origin= host= fetch=\n")
+    assert echo(harness, Origin="http://" + "o" * 300) == (
+        200, b"query= authorization= origin= host= fetch=\n")
 
 
 # ---- deferred answers ----

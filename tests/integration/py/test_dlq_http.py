@@ -376,3 +376,63 @@ def test_long_redrive_does_not_block_the_proxy(rebound_factory, broker,
     wait_count(direct, d, 0)
     assert count(direct, scratch) == 1
     conn.close()
+
+
+def test_cross_site_requests_refused(rebound_factory, broker, direct):
+    """A browser holding Basic credentials for the endpoint would attach
+    them to a form another web site posts: requests a browser marks as
+    cross-site (Sec-Fetch-Site) or from another origin are refused with 403
+    and change nothing; the page's own (same origin) and clients that are
+    not browsers (no such headers) go through."""
+    a = start_admin(rebound_factory, broker, direct)
+    d = dlq(a.lit)
+    put_parked(broker, direct, a.lit, 2)
+    wait_count(direct, d, 2)
+    host = "127.0.0.1:%d" % a.port
+    for headers in ({"Origin": "https://evil.example"},
+                    {"Origin": "null"},
+                    {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site", "Origin": "http://" + host}):
+        r = a.post(path(d, "purge"), headers=headers)
+        assert r.status == 403 and "cross-site" in r.json()["error"], r
+    wait_count(direct, d, 2)
+    r = a.post(path(d, "purge", limit=1),
+               headers={"Origin": "http://" + host,
+                        "Sec-Fetch-Site": "same-origin"})
+    assert r.status == 200 and r.json()["purged"] == 1, r
+    r = a.post(path(d, "purge"))
+    assert r.status == 200 and r.json()["purged"] == 1, r
+    wait_count(direct, d, 0)
+
+
+def test_sigterm_lets_a_redrive_finish(rebound_factory, broker, direct):
+    """SIGTERM while a redrive started over HTTP runs: rebound drains, and
+    the drain waits for the redrive, which answers 200 with everything
+    moved; every message is then in the source queue once, none in the
+    DLQ (a rebound that cut the redrive off at SIGTERM left copies in both
+    queues)."""
+    n = 3000
+    a = start_admin(rebound_factory, broker, direct)
+    d = dlq(a.lit)
+    declare_queue(direct, a.lit)
+    put_parked(broker, direct, a.lit, n, body=lambda i: b"drain %d " % i
+               + b"x" * 2048)
+    wait_count(direct, d, n, timeout=60)
+    result = {}
+
+    def redrive():
+        result["r"] = a.post(path(d, "redrive"), timeout=120)
+
+    t = threading.Thread(target=redrive, daemon=True)
+    t.start()
+    rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
+                      "the redrive to start", interval=0.01)
+    a.rb.signal()  # SIGTERM
+    t.join(120)
+    assert not t.is_alive() and "r" in result, result
+    r = result["r"]
+    assert r.status == 200 and moved(r) == {"queue": d, "moved": n,
+                                            "not_moved": 0}, r
+    assert a.rb.wait_exit(60) == 0
+    wait_count(direct, d, 0)
+    wait_count(direct, a.lit, n, timeout=60)
