@@ -40,6 +40,8 @@ typedef struct dlq_flight {
   uint64_t tag; /* the message's delivery tag in the dead-letter queue */
   uint64_t bytes;
   bool confirmed;
+  bool returned; /* the broker returned it: its message stays */
+  char target[RETRY_NAME_MAX + 1];
 } dlq_flight;
 
 /* The message being read: a get-ok or a return, its header, its body. */
@@ -72,6 +74,7 @@ struct px_dlq {
   bool get_pending;     /* a basic.get is unanswered */
   bool gets_done;       /* no more gets: empty, the limit, or a stop */
   bool stopped;         /* REDRIVE: a copy was returned */
+  bool interrupted;     /* px_dlq_stop() */
   uint64_t gets;        /* get-oks */
   uint64_t seq;         /* copies published (the confirm sequence) */
   uint64_t seq_settled; /* copies before this one are all settled */
@@ -175,6 +178,13 @@ static px_dlq_status status_of(uint16_t code) {
 void px_dlq_cancel(px_dlq *d) {
   if (!d || d->cancelled)
     return;
+  if (d->state != ST_DONE && d->req.kind != PX_DLQ_COUNT &&
+      d->req.kind != PX_DLQ_SHOW)
+    px_warn("dlq_cancelled", PX_S("queue", d->req.queue),
+            PX_U("moved", d->res.moved), PX_U("purged", d->res.purged),
+            PX_U("unconfirmed", d->seq - d->seq_settled),
+            PX_S("note", "copies the broker routed but had not confirmed "
+                         "may now be in both queues"));
   d->cancelled = true;
   if (d->state != ST_DONE)
     release(d);
@@ -306,6 +316,13 @@ static bool window_full(const px_dlq *d) {
          d->flight_bytes >= PX_DLQ_WINDOW_BYTES;
 }
 
+/* How a run that took what it could ends. */
+static px_dlq_status end_status(const px_dlq *d) {
+  return d->stopped       ? PX_DLQ_NOT_FOUND
+         : d->interrupted ? PX_DLQ_FAILED
+                          : PX_DLQ_OK;
+}
+
 /* The next get, or the end once every copy is settled. */
 static void pump(px_dlq *d) {
   if (d->state != ST_RUNNING || d->get_pending)
@@ -318,8 +335,8 @@ static void pump(px_dlq *d) {
     return;
   }
   if (d->gets_done && d->seq_settled == d->seq) {
-    if (d->stopped)
-      finish(d, PX_DLQ_NOT_FOUND, 0, d->error);
+    if (d->stopped || d->interrupted)
+      finish(d, end_status(d), 0, d->error);
     else if (d->req.kind == PX_DLQ_PURGE)
       finish(d, PX_DLQ_OK, 0, NULL);
     else
@@ -360,8 +377,27 @@ static void redrive_one(px_dlq *d) {
   }
   dlq_flight *f = &d->flight[d->seq % PX_DLQ_WINDOW];
   d->seq++;
-  *f = (dlq_flight){d->msg.tag, d->msg.body_len + d->msg.header_len, false};
+  f->tag = d->msg.tag;
+  f->bytes = d->msg.body_len + d->msg.header_len;
+  f->confirmed = f->returned = false;
+  snprintf(f->target, sizeof f->target, "%s", target);
   d->flight_bytes += f->bytes;
+}
+
+/* A return names its copy's queue, not the copy: it is the oldest copy in
+ * flight to that queue not yet matched (the broker returns a channel's
+ * unroutable publishes in order, each before its confirm). Not found
+ * (cannot happen): every copy in flight stays. */
+static void copy_returned(px_dlq *d, const char *target) {
+  for (uint64_t s = d->seq_settled; s < d->seq; s++) {
+    dlq_flight *f = &d->flight[s % PX_DLQ_WINDOW];
+    if (!f->confirmed && !f->returned && strcmp(f->target, target) == 0) {
+      f->returned = true;
+      return;
+    }
+  }
+  for (uint64_t s = d->seq_settled; s < d->seq; s++)
+    d->flight[s % PX_DLQ_WINDOW].returned = true;
 }
 
 /* A whole message (get-ok, header, body) has arrived. */
@@ -370,6 +406,7 @@ static void message_done(px_dlq *d) {
   c->active = false;
   if (c->is_return) {
     d->stopped = d->gets_done = true;
+    copy_returned(d, c->routing_key);
     snprintf(d->error, sizeof d->error,
              "no queue '%s' to move messages into (the broker returned a copy: "
              "%s); the messages not yet moved stay in %s",
@@ -389,7 +426,7 @@ static void message_done(px_dlq *d) {
                         c->body_len};
     if (d->ev->message)
       d->ev->message(d->ctx, &m);
-  } else if (!d->stopped) {
+  } else if (!d->stopped && !d->interrupted) {
     redrive_one(d);
   } /* after a return nothing more is published: the message stays */
   free(c->header);
@@ -400,8 +437,8 @@ static void message_done(px_dlq *d) {
 }
 
 /* Confirms: copies up to `tag` (or just it) are settled; an acked one's
- * message is acked in the dead-letter queue, unless a return stopped the
- * run (then it is not known which copy that was: all stay). */
+ * message is acked in the dead-letter queue, unless the broker returned
+ * the copy (it went nowhere: the message stays). */
 static void confirmed(px_dlq *d, uint64_t tag, bool multiple, bool ack) {
   for (uint64_t s = multiple ? d->seq_settled + 1 : tag;
        s <= tag && d->state != ST_DONE; s++) {
@@ -411,12 +448,14 @@ static void confirmed(px_dlq *d, uint64_t tag, bool multiple, bool ack) {
     if (f->confirmed)
       continue;
     f->confirmed = true;
-    if (ack && !d->stopped) {
-      settle(d, f->tag);
-      d->res.moved++;
-      if (d->ev->progress)
-        d->ev->progress(d->ctx, d->res.moved, d->res.total);
-    }
+    if (!ack || f->returned)
+      continue;
+    settle(d, f->tag);
+    if (d->state == ST_DONE)
+      break;
+    d->res.moved++;
+    if (d->ev->progress && !d->cancelled)
+      d->ev->progress(d->ctx, d->res.moved, d->res.total);
   }
   if (d->state == ST_DONE)
     return;
@@ -586,7 +625,7 @@ static void method(px_dlq *d, const amqp_method *m) {
     return;
   case AMQP_CHANNEL_CLOSE_OK:
     if (d->state == ST_CLOSING)
-      finish(d, d->stopped ? PX_DLQ_NOT_FOUND : PX_DLQ_OK, 0, d->error);
+      finish(d, end_status(d), 0, d->error);
     return;
   default:
     return;
@@ -689,6 +728,19 @@ static px_pub *dial(px_dlq *d, const px_config *cfg, px_dial_memory *memory,
   explicit_bzero(plain, sizeof plain);
   explicit_bzero(d->req.password, sizeof d->req.password);
   return pub;
+}
+
+void px_dlq_stop(px_dlq *d) {
+  if (!d || d->cancelled || d->interrupted || d->state == ST_DONE)
+    return;
+  d->interrupted = d->gets_done = true;
+  snprintf(d->error, sizeof d->error,
+           "interrupted: what was taken and not moved stays in %s",
+           d->req.queue);
+  if (d->state == ST_RUNNING)
+    pump(d); /* the end once the copies in flight are settled */
+  else if (d->state != ST_CLOSING)
+    finish(d, PX_DLQ_FAILED, 0, d->error);
 }
 
 px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,

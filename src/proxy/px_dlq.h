@@ -23,13 +23,15 @@
  *            property and header kept; once the broker confirms the copy,
  *            the message is acked in the dead-letter queue. Never lost: a
  *            message whose copy was not confirmed stays (it is requeued
- *            when the channel closes). At worst duplicated: a crash between
- *            the confirm and the ack leaves the message in both queues. A
- *            copy the broker returns (no such queue) stops the run, and
- *            the messages whose copies were still unconfirmed stay in the
- *            dead-letter queue too. A message whose source is the
- *            dead-letter queue itself stays. At most PX_DLQ_WINDOW copies (and
- *            PX_DLQ_WINDOW_BYTES of them) are unconfirmed at once.
+ *            when the channel closes). At worst duplicated: a run cut short
+ *            (px_dlq_cancel, a lost connection, a crash) leaves in both
+ *            queues the copies the broker routed but rebound had not seen
+ *            confirmed; px_dlq_stop() settles them first. A copy the
+ *            broker returns (no such queue) stops the run: its message
+ *            stays, the others are settled as usual. A message whose
+ *            source is the dead-letter queue itself stays. At most
+ *            PX_DLQ_WINDOW copies (and PX_DLQ_WINDOW_BYTES of them) are
+ *            unconfirmed at once.
  *            `dry_run`: browsed as SHOW, each message reported, nothing
  *            moved.
  *   PURGE    without a limit queue.purge (the count is the broker's);
@@ -146,6 +148,11 @@ px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
                      px_dial_memory *memory, struct px_tls_ctx *tls,
                      const px_dlq_request *req, const px_dlq_events *ev,
                      void *ctx);
+
+/* Stop taking messages: copies in flight are settled (acked in the
+ * dead-letter queue once confirmed), browsed messages given back, then
+ * `done` says FAILED, "interrupted". A second call does nothing. */
+void px_dlq_stop(px_dlq *d);
 
 /* No more events: the connection closes (messages browsed or not yet
  * confirmed are requeued by the broker); freed as the loop runs. */

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +74,8 @@ typedef struct cli {
   unsigned items;        /* JSON array entries written */
   const char *names[PX_DLQ_MAX_QUEUES];
   char owned[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1];
-  char *known; /* /v1/dlq/names of a running rebound: names, NUL-ended */
+  char *known;       /* /v1/dlq/names of a running rebound: names, NUL-ended */
+  uv_signal_t *sigs; /* SIGINT, SIGTERM while the operation runs */
 } cli;
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -106,10 +108,12 @@ int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
              "amqps://..., not a URL starting otherwise");
     return -1;
   }
-  const char *rest = s + scheme, *at = strchr(rest, '@');
-  const char *slash = strchr(rest, '/');
-  if (at && slash && at > slash)
-    at = NULL; /* an '@' in the vhost */
+  /* the user part ends at the authority's last '@' (an '@' in the
+   * password may go unencoded) */
+  const char *rest = s + scheme, *at = NULL;
+  for (const char *p = rest; *p && *p != '/'; p++)
+    if (*p == '@')
+      at = p;
   if (!at) {
     snprintf(err, cap, "--url: no user: expected USER@ after %.*s", (int)scheme,
              s);
@@ -154,6 +158,7 @@ static int read_password_file(const char *path, char *out, size_t cap) {
   FILE *f = fopen(path, "r");
   if (!f)
     return fail("--password-file %s: %s", path, strerror(errno));
+  setvbuf(f, NULL, _IONBF, 0); /* no stdio copy of it left behind */
   bool ok = fgets(out, (int)cap, f) != NULL;
   fclose(f);
   if (!ok)
@@ -221,6 +226,8 @@ static int own_option(cli *c, int argc, char **argv, int *i) {
       c->password_file = v;
     else if (k == 2)
       return parse_limit(c, v) ? 2 : 1;
+    else if (k == 3 && strlen(v) > RETRY_NAME_MAX)
+      return fail("--to: a queue name is at most 255 bytes"), 2;
     else if (k == 3)
       snprintf(c->req.to, sizeof c->req.to, "%s", v);
     else
@@ -277,6 +284,8 @@ static int check_command(cli *c) {
     c->req.kind = kinds[i];
     if (i > 0 && c->req.nqueues != 1)
       return fail("%s: expected one QUEUE, got %u", c->cmd, c->req.nqueues);
+    if (i > 0 && strlen(c->req.queues[0]) > RETRY_NAME_MAX)
+      return fail("%s: a queue name is at most 255 bytes", c->cmd);
     if (i > 0)
       snprintf(c->req.queue, sizeof c->req.queue, "%s", c->req.queues[0]);
     if ((c->req.to[0] || c->req.dry_run) && i != 2)
@@ -390,6 +399,21 @@ static void flush_out(cli *c) {
   c->out.len = 0;
 }
 
+/* Text from the broker or a message, printed: control characters and
+ * bytes that are not UTF-8 escaped (as JSON escapes them), so no
+ * message can drive the terminal. */
+static void put_text(FILE *f, const void *data, size_t len) {
+  px_admin_response r = {.status = 200};
+  px_admin_json_bytes(&r, data, len);
+  if (r.len >= 2)
+    fwrite(r.body + 1, 1, r.len - 2, f); /* without the quotes */
+  free(r.body);
+}
+
+static void put_cstr(const char *s) {
+  put_text(stdout, s, strlen(s));
+}
+
 static void on_count(void *ctx, const px_dlq_count *q) {
   cli *c = ctx;
   if (c->json) {
@@ -399,12 +423,15 @@ static void on_count(void *ctx, const px_dlq_count *q) {
   }
   if (c->items++ == 0)
     printf("%-40s %10s %10s\n", "QUEUE", "MESSAGES", "CONSUMERS");
-  if (q->exists)
-    printf("%-40s %10" PRIu32 " %10" PRIu32 "\n", q->name, q->messages,
-           q->consumers);
-  else
-    printf("%-40s %10s %10s  %s\n", q->name, "-", "-",
-           q->error ? q->error : "absent");
+  put_cstr(q->name);
+  printf("%*s", strlen(q->name) < 40 ? (int)(40 - strlen(q->name)) : 0, "");
+  if (q->exists) {
+    printf(" %10" PRIu32 " %10" PRIu32 "\n", q->messages, q->consumers);
+    return;
+  }
+  printf(" %10s %10s  ", "-", "-");
+  put_cstr(q->error ? q->error : "absent");
+  putchar('\n');
 }
 
 static void text_header(cli *c, amqp_bytes h, const char *label,
@@ -413,9 +440,11 @@ static void text_header(cli *c, amqp_bytes h, const char *label,
   int64_t n;
   char iso[40];
   const retry_policy *p = &c->cfg->retry;
-  if (!time && px_dlq_header_str(h, p, suffix, &s))
-    printf("  %-21s %.*s\n", label, (int)s.len, (const char *)s.ptr);
-  else if (px_dlq_header_int(h, p, suffix, &n) && time)
+  if (!time && px_dlq_header_str(h, p, suffix, &s)) {
+    printf("  %-21s ", label);
+    put_text(stdout, s.ptr, s.len);
+    putchar('\n');
+  } else if (px_dlq_header_int(h, p, suffix, &n) && time)
     px_dlq_iso_time((uint64_t)n, iso, sizeof iso),
         printf("  %-21s %s\n", label, iso);
   else if (px_dlq_header_int(h, p, suffix, &n))
@@ -457,13 +486,14 @@ static void on_message(void *ctx, const px_dlq_message *m) {
     const char *to = c->req.to[0] ? c->req.to : NULL;
     bool has = px_dlq_header_str(m->header->props.headers, &c->cfg->retry,
                                  "source-queue", &src);
-    printf("message %" PRIu64 " would go to %.*s\n", m->index,
-           to    ? (int)strlen(to)
-           : has ? (int)src.len
-                 : 9,
-           to    ? to
-           : has ? (const char *)src.ptr
-                 : "(nowhere)");
+    printf("message %" PRIu64 " would go to ", m->index);
+    if (to)
+      put_cstr(to);
+    else if (has)
+      put_text(stdout, src.ptr, src.len);
+    else
+      printf("(nowhere)");
+    putchar('\n');
     return;
   }
   if (!c->json) {
@@ -506,6 +536,8 @@ static void print_result(cli *c, const px_dlq_result *r) {
 
 static void on_done(void *ctx, const px_dlq_result *r) {
   cli *c = ctx;
+  for (int i = 0; c->sigs && i < 2; i++)
+    c->sigs[i].data = NULL; /* the operation frees itself: signals end */
   if (c->json && c->req.kind == PX_DLQ_COUNT) {
     printf("{\"queues\": [\n  ");
     flush_out(c);
@@ -531,16 +563,62 @@ static void on_done(void *ctx, const px_dlq_result *r) {
             c->req.queue, r->not_moved, r->unsourced);
     c->exit_code = 1;
   }
-  if (r->status != PX_DLQ_OK)
-    fprintf(stderr, "rebound dlq: %s%s%s: %s: %s\n", c->cmd,
+  if (r->status != PX_DLQ_OK) {
+    fprintf(stderr, "rebound dlq: %s%s%s: %s: ", c->cmd,
             c->req.kind == PX_DLQ_COUNT ? "" : " ",
             c->req.kind == PX_DLQ_COUNT ? "" : c->req.queue,
-            px_dlq_status_text(r->status), r->error);
+            px_dlq_status_text(r->status));
+    put_text(stderr, r->error, strlen(r->error));
+    fputc('\n', stderr);
+  }
   fflush(stdout);
 }
 
 static const px_dlq_events events = {on_count, on_message, on_progress,
                                      on_done};
+
+/* SIGINT or SIGTERM: stop taking messages and settle what is in flight
+ * (px_dlq_stop), so an interrupted redrive duplicates nothing; a second
+ * one ends the process at once. */
+static void on_signal(uv_signal_t *sig, int signum) {
+  px_dlq *d = sig->data;
+  if (d) {
+    fprintf(stderr, "rebound dlq: stopping: settling what is in flight "
+                    "(again to quit at once)\n");
+    px_dlq_stop(d);
+    sig->data = NULL;
+    return;
+  }
+  signal(signum, SIG_DFL);
+  raise(signum);
+}
+
+static void on_signal_closed(uv_handle_t *h) {
+  (void)h;
+}
+
+/* The operation on a loop of its own, with the signals watched. */
+static void run_op(cli *c, px_tls_ctx *tls, px_dial_memory *memory) {
+  uv_signal_t sigs[2];
+  int signums[2] = {SIGINT, SIGTERM};
+  px_dlq *d = px_dlq_start(&c->loop, c->cfg, memory, tls, &c->req, &events, c);
+  if (!d) {
+    fail("out of memory");
+    return;
+  }
+  for (int i = 0; i < 2; i++) {
+    uv_signal_init(&c->loop, &sigs[i]);
+    sigs[i].data = d;
+    uv_signal_start(&sigs[i], on_signal, signums[i]);
+    uv_unref((uv_handle_t *)&sigs[i]); /* the operation keeps the loop */
+  }
+  c->sigs = sigs;
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+  c->sigs = NULL;
+  for (int i = 0; i < 2; i++)
+    uv_close((uv_handle_t *)&sigs[i], on_signal_closed);
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+}
 
 /* ---- running ---- */
 
@@ -621,11 +699,7 @@ int px_dlq_cli_main(int argc, char **argv, const char *(*env)(const char *)) {
     uv_loop_init(&c->loop);
     c->last_progress_ms = uv_now(&c->loop);
     c->exit_code = 1;
-    px_dlq *d =
-        px_dlq_start(&c->loop, c->cfg, &memory, tls, &c->req, &events, c);
-    if (!d)
-      fail("out of memory");
-    uv_run(&c->loop, UV_RUN_DEFAULT);
+    run_op(c, tls, &memory);
     uv_loop_close(&c->loop);
     rc = c->exit_code;
   }

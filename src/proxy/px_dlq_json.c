@@ -3,6 +3,7 @@
 #include "px_dlq_json.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -91,11 +92,14 @@ static void json_value(px_admin_response *r, const amqp_field *f, int depth) {
     px_admin_printf(r, "%" PRIu64, f->v.u);
     return;
   case 'f':
-    px_admin_printf(r, "%.9g", (double)f->v.f);
+  case 'd': {
+    double v = f->type == 'f' ? (double)f->v.f : f->v.d;
+    if (isfinite(v)) /* JSON has no NaN or infinity: those are null */
+      px_admin_printf(r, f->type == 'f' ? "%.9g" : "%.17g", v);
+    else
+      px_admin_printf(r, "null");
     return;
-  case 'd':
-    px_admin_printf(r, "%.17g", f->v.d);
-    return;
+  }
   case 'D': {
     double v = f->v.dec.value;
     for (unsigned i = 0; i < f->v.dec.scale; i++)

@@ -37,6 +37,8 @@ struct px_pub {
   uv_timer_t close_timer;
   unsigned handles; /* open: the connection, the timer, a dialer */
   bool dialing;     /* made by px_pub_dial() */
+  bool starting;    /* inside px_pub_dial(): no event from here */
+  bool dial_failed; /* every upstream failed: reported from the timer */
   pub_state state;
   bool lost;       /* the lost event was sent */
   int write_error; /* a write failed at once: reported from the loop */
@@ -123,7 +125,9 @@ static void broken(px_pub *p, const char *why, amqp_bytes text) {
  * write that failed at once, reported here). */
 static void on_timer(uv_timer_t *t) {
   px_pub *p = t->data;
-  if (p->write_error)
+  if (p->dial_failed)
+    fail(p, "no upstream reachable", 0, amqp_cstr(p->dial.errors));
+  else if (p->write_error)
     broken(p, "write failed", amqp_cstr(uv_strerror(p->write_error)));
   else if (p->state == PUB_CLOSING)
     close_now(p);
@@ -503,9 +507,16 @@ static void dial_connected(void *ctx) {
     start_handshake(p);
 }
 
+/* Reported from the timer when it comes within px_pub_dial() (every
+ * attempt failed at once): the owner has no px_pub yet. */
 static void dial_failed(void *ctx) {
   px_pub *p = ctx;
-  fail(p, "no upstream reachable", 0, amqp_cstr(p->dial.errors));
+  if (!p->starting) {
+    fail(p, "no upstream reachable", 0, amqp_cstr(p->dial.errors));
+    return;
+  }
+  p->dial_failed = true;
+  uv_timer_start(&p->close_timer, on_timer, 0, 0);
 }
 
 static void dial_released(void *ctx) {
@@ -526,9 +537,10 @@ px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
     snprintf(p->name, sizeof p->name, "rebound");
   timer_start(p, loop, login->timeout_ms);
   p->handles = 2; /* the timer, the dialer */
-  p->dialing = true;
+  p->dialing = p->starting = true;
   px_dial_start(&p->dial, loop, cfg, memory, tls, &p->conn,
                 cfg->connect_timeout_ms, &dial_events, p, 0);
+  p->starting = false;
   return p;
 }
 

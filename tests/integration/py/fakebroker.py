@@ -82,6 +82,18 @@ def basic_consume(ch, queue, tag="", no_ack=False, no_wait=False,
                     + (arguments if arguments is not None else a.table({})))
 
 
+def basic_get_ok(ch, delivery_tag, exchange="", routing_key="",
+                 message_count=0):
+    return a.method(ch, (60, 71), struct.pack(">Q", delivery_tag) + b"\x00"
+                    + a.shortstr(exchange) + a.shortstr(routing_key)
+                    + struct.pack(">I", message_count))
+
+
+def basic_return(ch, code, text, exchange, routing_key):
+    return a.method(ch, (60, 50), struct.pack(">H", code) + a.shortstr(text)
+                    + a.shortstr(exchange) + a.shortstr(routing_key))
+
+
 def basic_get(ch, queue, no_ack=False):
     return a.method(ch, (60, 70), struct.pack(">H", 0) + a.shortstr(queue)
                     + bits(no_ack))
@@ -472,6 +484,8 @@ class FakeConn:
             if not args["no_wait"]:
                 self.method(ch, (60, 31), a.shortstr(args["tag"]))
         elif name == "basic.get":
+            if self.broker.on_get and self.broker.on_get(self, ch, args):
+                return  # answered by the test
             self.method(ch, (60, 72), a.shortstr(""))
         elif name == "basic.publish":
             self._partial[ch] = Message(ch, args)
@@ -499,16 +513,18 @@ class FakeBroker:
     reader thread after consume-ok was sent (args["tag"] is the consumer
     tag). `on_declare(conn, channel, args)` runs for each queue.declare
     first; if it returns true it has answered it (e.g. closed the
-    channel) and the usual declare-ok is not sent."""
+    channel) and the usual declare-ok is not sent. `on_get` does the same
+    for basic.get (default: get-empty)."""
 
     def __init__(self, channel_max=2047, frame_max=131072, heartbeat=0,
-                 confirm=True, on_consume=None, on_declare=None):
+                 confirm=True, on_consume=None, on_declare=None, on_get=None):
         self.channel_max = channel_max
         self.frame_max = frame_max
         self.heartbeat = heartbeat
         self.confirm = confirm
         self.on_consume = on_consume
         self.on_declare = on_declare
+        self.on_get = on_get
         self.conns = []
         self.cond = threading.Condition()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

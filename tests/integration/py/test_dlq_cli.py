@@ -7,6 +7,7 @@ is on exact counts and contents, not only on exit codes."""
 import json
 import re
 import socket
+import struct
 import subprocess
 import uuid
 from collections import Counter
@@ -658,3 +659,132 @@ def test_redrive_leaves_a_message_without_source_and_says_so(broker, direct):
     wait_count(direct, q, 2)
     got = get_all(direct, d, expect=1)
     assert [p.message_id for _, p, _ in got] == ["orphan"]
+
+
+def ids_in(direct, queue, expect):
+    return Counter(p.message_id for _, p, _ in get_all(direct, queue,
+                                                       expect=expect))
+
+
+def test_a_returned_copy_leaves_the_others_in_one_place(broker, direct):
+    """One message whose source queue does not exist among hundreds, on
+    the real broker: its copy is returned, the run stops (exit 5, naming
+    the queue), and every message is in exactly one queue, the returned
+    one in the DLQ (test_return_is_matched_to_its_copy pins the order of
+    return and confirms that the broker here decides by timing)."""
+    q = rbtest.uniq("dlqret")
+    d = dlq(q)
+    missing = rbtest.uniq("dlqret-missing")
+    direct.own(missing)
+    declare_dlq(direct, q)
+    put_parked(broker, direct, q, 150)
+    put_parked(broker, direct, missing, 1, start=150, dlq_name=d)
+    put_parked(broker, direct, q, 300, start=151, dlq_name=d)
+    wait_count(direct, d, 451)
+    run = cli(broker, "redrive", d)
+    assert run.rc == EXIT_NOT_FOUND and missing in run.error_line(), run
+    moved = run.one(MOVED)
+    wait_count(direct, q, moved)
+    wait_count(direct, d, 451 - moved)
+    in_q, in_d = ids_in(direct, q, moved), ids_in(direct, d, 451 - moved)
+    assert not set(in_q) & set(in_d), set(in_q) & set(in_d)
+    assert max(in_q.values()) == 1 and max(in_d.values()) == 1
+    assert len(in_q) + len(in_d) == 451
+    assert "m-000150" in in_d  # the returned one stays
+
+
+def test_interrupted_redrive_settles_what_is_in_flight(broker, direct):
+    """SIGINT during a long redrive: it stops taking messages, acks in the
+    DLQ what the broker confirmed, and exits 1; no message is in both
+    queues and none is lost."""
+    q = rbtest.uniq("dlqint")
+    d = dlq(q)
+    declare_queue(direct, q)
+    put_parked(broker, direct, q, 6000)
+    wait_count(direct, d, 6000)
+    p = subprocess.Popen(cmd("redrive", d, url_=url(broker, password=False)),
+                         env=cli_env({"REBOUND_PASSWORD": broker.password}),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    rbtest.wait_until(lambda: count(direct, q) >= 500, 60,
+                      "the redrive under way", interval=0.02)
+    p.send_signal(2)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == EXIT_PARTIAL, (p.returncode, out, err)
+    assert "interrupted" in err, err
+    moved = int(re.search(r"moved (\d+) messages", out).group(1))
+    assert 500 <= moved < 6000, out
+    wait_count(direct, q, moved)
+    wait_count(direct, d, 6000 - moved)
+    in_q, in_d = ids_in(direct, q, moved), ids_in(direct, d, 6000 - moved)
+    assert not set(in_q) & set(in_d)
+    assert len(in_q) + len(in_d) == 6000
+
+
+def test_text_output_cannot_drive_the_terminal(broker, direct):
+    """Headers and bodies come from whoever published the message: show
+    prints their control characters escaped, never raw."""
+    q = rbtest.uniq("dlqesc")
+    d = dlq(q)
+    put_parked(broker, direct, q, 1, body=lambda i: b"\x1b]0;owned\x07body",
+               extra_headers={PREFIX + "dead-letter-reason":
+                              "max-attempts\x1b[2J\x9b"})
+    run = cli(broker, "show", d)
+    assert run.rc == EXIT_OK, run
+    assert "\x1b" not in run.out and "\x07" not in run.out, run.out
+    assert "\x9b" not in run.out
+    assert "max-attempts\\u001b[2J" in run.out, run.out
+
+
+def test_return_is_matched_to_its_copy(broker):
+    """A broker (played by fakebroker.py, so the order is exact) hands out
+    three parked messages, returns the second one's copy (no such queue),
+    then confirms all three copies at once: the first and third messages
+    are acked in the DLQ, the second is not, and the run says which queue
+    was missing (exit 5). A run that, after a return, acked nothing left
+    the first and third in both queues."""
+    import fakebroker as fb
+    sources = {1: "src", 2: "gone", 3: "src"}
+
+    def on_declare(conn, ch, args):
+        conn.method(ch, (50, 11), fb.a.shortstr(args["queue"])
+                    + struct.pack(">II", 3, 0))
+        return True
+
+    def on_get(conn, ch, args):
+        tag = len(conn.find("basic.get")) + 1  # this one is not listed yet
+        if tag > 3:
+            return False  # get-empty
+        table = fb.field_table([(PREFIX + "source-queue", "S",
+                                 struct.pack(">I", len(sources[tag]))
+                                 + sources[tag].encode())])
+        flags, props = fb.props_headers(table)
+        body = b"message %d" % tag
+        conn.send(fb.basic_get_ok(ch, tag, "", "x.dlq", 3 - tag)
+                  + fb.content_header(ch, len(body), flags, props)
+                  + fb.body_frames(ch, body, 131072))
+        return True
+
+    b = fb.FakeBroker(confirm=False, on_declare=on_declare, on_get=on_get)
+    try:
+        p = subprocess.Popen(cmd("redrive", "x.dlq",
+                                 url_="amqp://guest@127.0.0.1:%d/" % b.port),
+                             env=cli_env({"REBOUND_PASSWORD": "guest"}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        c = b.wait_conn("rebound dlq")
+        c.wait(lambda: len(c.published()) == 3, 10, "three copies")
+        assert [m.routing_key for m in c.published()] == ["src", "gone",
+                                                          "src"]
+        body = b"message 2"
+        c.send(fb.basic_return(1, 312, "NO_ROUTE", "", "gone")
+               + fb.content_header(1, len(body))
+               + fb.body_frames(1, body, 131072)
+               + fb.a.method(1, (60, 80), struct.pack(">Q", 3) + b"\x01"))
+        out, err = p.communicate(timeout=30)
+        acked = sorted(e.args["tag"] for e in c.find("basic.ack"))
+        assert acked == [1, 3], (acked, out, err)
+        assert p.returncode == EXIT_NOT_FOUND and "'gone'" in err, (out, err)
+        assert "moved 2 messages" in out, out
+    finally:
+        b.stop()
