@@ -51,7 +51,7 @@ if [ "$fuzz_seconds" != 0 ]; then
     -DREBOUND_FUZZ_SECONDS="$fuzz_seconds" >/dev/null
   cmake --build "$build/fuzz" -j "$jobs" \
     --target fuzz_frame fuzz_method fuzz_table fuzz_props fuzz_config \
-    fuzz_session
+    fuzz_session fuzz_dlq
   ctest --test-dir "$build/fuzz" --output-on-failure -j "$jobs" -R '^fuzz_' ||
     status=1
 fi

@@ -72,7 +72,11 @@ def test_heartbeat_1s_client_idle_5s_stays_connected(rebound, broker, ctl, qname
     ch = conn.channel()
     ch.queue_declare(qname, arguments=EXPIRES)
     (port,) = rbtest.upstream_ports(rebound)
-    before = ctl.connections()[port]
+    # the broker lists a connection a moment after it is open (its
+    # tracking is asynchronous: under load, not yet at the first look)
+    before = rbtest.wait_until(lambda: ctl.connections().get(port), 10,
+                               "the broker to list the connection",
+                               interval=0.1)
     hb = conn._impl._heartbeat_checker
     received_before = hb._heartbeat_frames_received
 
