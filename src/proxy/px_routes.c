@@ -143,7 +143,7 @@ static void not_found(px_admin_response *r) {
 
 void px_routes_route(void *ctx, const px_admin_request *req,
                      px_admin_response *r) {
-  char seg[SEGMENT_MAX];
+  char seg[SEGMENT_MAX] = ""; /* the routes without a {} get "" */
   const char *allow = NULL;
   for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
     bool bad = false;
