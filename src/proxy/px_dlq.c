@@ -743,6 +743,28 @@ void px_dlq_stop(px_dlq *d) {
     finish(d, PX_DLQ_FAILED, 0, d->error);
 }
 
+int px_dlq_add_queue(px_dlq_request *q, const char *name) {
+  for (unsigned i = 0; i < q->nqueues; i++)
+    if (strcmp(q->queues[i], name) == 0)
+      return 0;
+  if (q->nqueues >= PX_DLQ_MAX_QUEUES || strlen(name) > RETRY_NAME_MAX)
+    return -1;
+  strcpy(q->queues[q->nqueues++], name);
+  return 0;
+}
+
+void px_dlq_add_policy_queues(px_dlq_request *q, const retry_policy *p) {
+  char dlq[RETRY_NAME_MAX + 1];
+  for (unsigned r = 0; r < p->nrules; r++)
+    for (unsigned g = 0; g < p->rules[r].nglobs; g++) {
+      const char *name = p->rules[r].globs[g];
+      if (!strpbrk(name, "*?") &&
+          retry_dlq_name(&p->rules[r], name, strlen(name), dlq, sizeof dlq) >=
+              0)
+        px_dlq_add_queue(q, dlq);
+    }
+}
+
 px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
                      px_dial_memory *memory, struct px_tls_ctx *tls,
                      const px_dlq_request *req, const px_dlq_events *ev,

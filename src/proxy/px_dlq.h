@@ -96,7 +96,7 @@ typedef struct px_dlq_request {
                       message's source queue) */
   uint64_t limit;  /* messages; 0: all */
   bool dry_run;    /* REDRIVE */
-  const char *queues[PX_DLQ_MAX_QUEUES]; /* COUNT; outlive the operation */
+  char queues[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1]; /* COUNT */
   unsigned nqueues;
   const char *name; /* the connection's name at the broker */
 } px_dlq_request;
@@ -141,6 +141,14 @@ typedef struct px_dlq_events {
 } px_dlq_events;
 
 typedef struct px_dlq px_dlq;
+
+/* Add a queue to a request's list (COUNT), once: 0 (added, or there
+ * already), -1 when the list is full or the name longer than 255 bytes. */
+int px_dlq_add_queue(px_dlq_request *q, const char *name);
+
+/* Add the dead-letter queue of every queue the policy names without a
+ * wildcard (those rebound knows without having seen them). */
+void px_dlq_add_policy_queues(px_dlq_request *q, const retry_policy *p);
 
 /* Start an operation (the request is copied; the passwords in it are
  * wiped). NULL when out of memory. */

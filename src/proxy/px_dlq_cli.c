@@ -73,8 +73,6 @@ typedef struct cli {
   px_admin_response out; /* JSON being built */
   unsigned items;        /* JSON array entries written */
   const char *names[PX_DLQ_MAX_QUEUES];
-  char owned[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1];
-  char *known;       /* /v1/dlq/names of a running rebound: names, NUL-ended */
   uv_signal_t *sigs; /* SIGINT, SIGTERM while the operation runs */
 } cli;
 
@@ -91,11 +89,6 @@ static int fail(const char *fmt, ...) {
 }
 
 /* ---- the URL ---- */
-
-/* Percent-decode `len` bytes of `s` into out (cap). 0 or -1. */
-static int decode(const char *s, size_t len, char *out, size_t cap) {
-  return px_routes_decode(s, len, out, cap);
-}
 
 int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
   memset(u, 0, sizeof *u);
@@ -122,9 +115,10 @@ int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
   const char *colon = memchr(rest, ':', (size_t)(at - rest));
   size_t ulen = (size_t)((colon ? colon : at) - rest);
   u->has_password = colon != NULL;
-  if (decode(rest, ulen, u->user, sizeof u->user) != 0 || !u->user[0] ||
-      (colon && decode(colon + 1, (size_t)(at - colon - 1), u->password,
-                       sizeof u->password) != 0)) {
+  if (px_routes_decode(rest, ulen, u->user, sizeof u->user) != 0 ||
+      !u->user[0] ||
+      (colon && px_routes_decode(colon + 1, (size_t)(at - colon - 1),
+                                 u->password, sizeof u->password) != 0)) {
     snprintf(err, cap,
              "--url: the user or password is empty, too long or "
              "badly percent-encoded");
@@ -143,8 +137,8 @@ int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
   }
   if (!path || !path[1]) {
     snprintf(u->vhost, sizeof u->vhost, "/");
-  } else if (decode(path + 1, strlen(path + 1), u->vhost, sizeof u->vhost) !=
-             0) {
+  } else if (px_routes_decode(path + 1, strlen(path + 1), u->vhost,
+                              sizeof u->vhost) != 0) {
     snprintf(err, cap, "--url: bad vhost '%s' (percent-encode it: / is %%2F)",
              path + 1);
     return -1;
@@ -238,12 +232,9 @@ static int own_option(cli *c, int argc, char **argv, int *i) {
 }
 
 static int add_name(cli *c, const char *name) {
-  for (unsigned i = 0; i < c->req.nqueues; i++)
-    if (strcmp(c->req.queues[i], name) == 0)
-      return 0;
-  if (c->req.nqueues >= PX_DLQ_MAX_QUEUES)
-    return fail("ls: at most %d queues", PX_DLQ_MAX_QUEUES);
-  c->req.queues[c->req.nqueues++] = name;
+  if (px_dlq_add_queue(&c->req, name) != 0)
+    return fail("'%.40s...': at most %d queues, each name at most 255 bytes",
+                name, PX_DLQ_MAX_QUEUES);
   return 0;
 }
 
@@ -284,8 +275,6 @@ static int check_command(cli *c) {
     c->req.kind = kinds[i];
     if (i > 0 && c->req.nqueues != 1)
       return fail("%s: expected one QUEUE, got %u", c->cmd, c->req.nqueues);
-    if (i > 0 && strlen(c->req.queues[0]) > RETRY_NAME_MAX)
-      return fail("%s: a queue name is at most 255 bytes", c->cmd);
     if (i > 0)
       snprintf(c->req.queue, sizeof c->req.queue, "%s", c->req.queues[0]);
     if ((c->req.to[0] || c->req.dry_run) && i != 2)
@@ -349,8 +338,8 @@ static int running_queues(cli *c) {
     return 0;
   if (!c->admin)
     px_addr_format(&c->cfg->admin, addr, sizeof addr);
-  c->known = admin_names(c->admin ? c->admin : addr, err, sizeof err);
-  if (!c->known) {
+  char *known = admin_names(c->admin ? c->admin : addr, err, sizeof err);
+  if (!known) {
     if (c->admin)
       fprintf(stderr,
               "rebound dlq: note: no list from rebound (%s): only "
@@ -358,31 +347,22 @@ static int running_queues(cli *c) {
               err);
     return 0;
   }
-  for (char *p = c->known, *nl; *p; p = nl + 1) {
+  int rc = 0;
+  for (char *p = known, *nl; *p && rc == 0; p = nl + 1) {
     if (!(nl = strchr(p, '\n')))
       break;
     *nl = '\0';
     if (*p && add_name(c, p) != 0)
-      return EXIT_USAGE;
+      rc = EXIT_USAGE;
   }
-  return 0;
+  free(known);
+  return rc;
 }
 
 /* ls: the dead-letter queues of every policy queue written without a
  * wildcard, after those given. */
 static int policy_queues(cli *c) {
-  const retry_policy *p = &c->cfg->retry;
-  unsigned k = 0;
-  for (unsigned r = 0; r < p->nrules; r++)
-    for (unsigned g = 0; g < p->rules[r].nglobs; g++) {
-      const char *q = p->rules[r].globs[g];
-      if (strpbrk(q, "*?") || k >= PX_DLQ_MAX_QUEUES ||
-          retry_dlq_name(&p->rules[r], q, strlen(q), c->owned[k],
-                         sizeof c->owned[k]) < 0)
-        continue;
-      if (add_name(c, c->owned[k++]) != 0)
-        return EXIT_USAGE;
-    }
+  px_dlq_add_policy_queues(&c->req, &c->cfg->retry);
   if (running_queues(c) != 0)
     return EXIT_USAGE;
   if (c->req.nqueues == 0)
@@ -706,7 +686,6 @@ int px_dlq_cli_main(int argc, char **argv, const char *(*env)(const char *)) {
   explicit_bzero(c->req.password, sizeof c->req.password);
   px_tls_ctx_unref(tls);
   free(c->out.body);
-  free(c->known);
   free(c->cfg);
   free(c);
   return rc;

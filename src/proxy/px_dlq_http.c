@@ -29,16 +29,27 @@ typedef struct http_op {
   unsigned items;
   char user[256];
   char queue[256];
-  char names[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1];
 } http_op;
 
-static void json_error(px_admin_response *r, int status, const char *text) {
+/* {"error": text} as the whole answer; `counts` (or NULL) adds what a
+ * redrive or purge did before it failed. */
+static void json_error_with(px_admin_response *r, int status, const char *text,
+                            const px_dlq_result *counts) {
   r->status = status;
   r->content_type = "application/json";
   r->len = 0;
   px_admin_printf(r, "{\"error\":");
   px_admin_json_string(r, text);
+  if (counts)
+    px_admin_printf(r,
+                    ",\"moved\":%" PRIu64 ",\"not_moved\":%" PRIu64
+                    ",\"purged\":%" PRIu64,
+                    counts->moved, counts->not_moved, counts->purged);
   px_admin_printf(r, "}\n");
+}
+
+static void json_error(px_admin_response *r, int status, const char *text) {
+  json_error_with(r, status, text, NULL);
 }
 
 /* "Basic base64(user:password)" into the request. false if absent or
@@ -193,14 +204,9 @@ static void on_done(void *ctx, const px_dlq_result *res) {
   if (res->status == PX_DLQ_OK) {
     close_json(h, res);
   } else {
-    json_error(r, px_dlq_http_status(res->status), res->error);
-    if (h->kind == PX_DLQ_REDRIVE || h->kind == PX_DLQ_PURGE) {
-      r->len -= 2; /* "}\n": the counts of what was done go with it */
-      px_admin_printf(r,
-                      ",\"moved\":%" PRIu64 ",\"not_moved\":%" PRIu64
-                      ",\"purged\":%" PRIu64 "}\n",
-                      res->moved, res->not_moved, res->purged);
-    }
+    bool changes = h->kind == PX_DLQ_REDRIVE || h->kind == PX_DLQ_PURGE;
+    json_error_with(r, px_dlq_http_status(res->status), res->error,
+                    changes ? res : NULL);
   }
   px_admin_resume(r);
   op_end(h);
@@ -274,99 +280,80 @@ static void refuse(http_op *h, px_dlq_request *q, px_admin_response *r,
   json_error(r, 400, why);
 }
 
-static void add_name(http_op *h, px_dlq_request *q, const char *name) {
-  for (unsigned i = 0; i < q->nqueues; i++)
-    if (strcmp(q->queues[i], name) == 0)
-      return;
-  if (q->nqueues >= PX_DLQ_MAX_QUEUES)
-    return;
-  snprintf(h->names[q->nqueues], sizeof h->names[0], "%s", name);
-  q->queues[q->nqueues] = h->names[q->nqueues];
-  q->nqueues++;
-}
-
 /* The dead-letter queues of the policies' literal queue names, and of
  * the queues rebound parked messages from. */
-static void known_queues(px_server *srv, http_op *h, px_dlq_request *q) {
+static void known_queues(px_server *srv, px_dlq_request *q) {
   const retry_policy *p = &srv->cfg->retry;
   char dlq[RETRY_NAME_MAX + 1];
-  for (unsigned i = 0; i < p->nrules; i++)
-    for (unsigned g = 0; g < p->rules[i].nglobs; g++) {
-      const char *name = p->rules[i].globs[g];
-      if (!strpbrk(name, "*?") &&
-          retry_dlq_name(&p->rules[i], name, strlen(name), dlq, sizeof dlq) >=
-              0)
-        add_name(h, q, dlq);
-    }
+  px_dlq_add_policy_queues(q, p);
   const px_queues *qs = &srv->metrics.queues;
   for (uint32_t i = 0; i < qs->n; i++) {
     const px_queue_stat *s = &qs->q[i];
     const retry_rule *rule = retry_match(p, s->name, strlen(s->name));
     if (s->n[PX_QC_DEAD_LETTERED] && rule &&
         retry_dlq_name(rule, s->name, strlen(s->name), dlq, sizeof dlq) >= 0)
-      add_name(h, q, dlq);
+      px_dlq_add_queue(q, dlq);
   }
 }
 
 void px_dlq_http_names(px_server *srv, const px_admin_request *req,
                        const char *queue, px_admin_response *r) {
   px_dlq_request q = {0};
-  http_op *h = calloc(1, sizeof *h);
   (void)req, (void)queue;
-  if (!h) {
-    r->status = 500;
-    px_admin_printf(r, "out of memory\n");
-    return;
-  }
-  known_queues(srv, h, &q);
+  known_queues(srv, &q);
   for (unsigned i = 0; i < q.nqueues; i++)
     px_admin_printf(r, "%s\n", q.queues[i]);
-  free(h);
+}
+
+/* What a route's parameters may not be, for its kind: NULL if fine. */
+static const char *misfit(px_dlq_request *q) {
+  if (q->kind == PX_DLQ_SHOW && q->limit > MESSAGES_MAX)
+    return "limit: at most 1000 messages per request";
+  if (q->kind == PX_DLQ_SHOW && !q->limit)
+    q->limit = MESSAGES_DEFAULT;
+  if (q->kind == PX_DLQ_REDRIVE && strcmp(q->to, q->queue) == 0)
+    return "to: the queue redriven itself";
+  return NULL;
+}
+
+/* One dead-letter route: the request parsed and checked, the answer's
+ * head for those that list, the operation started. */
+static void route(px_server *srv, const px_admin_request *req,
+                  const char *queue, px_admin_response *r, px_dlq_kind kind) {
+  px_dlq_request q;
+  http_op *h = begin(req, &q, kind, queue, r);
+  if (!h)
+    return;
+  const char *why = misfit(&q);
+  if (why) {
+    refuse(h, &q, r, why);
+    return;
+  }
+  if (kind == PX_DLQ_COUNT) {
+    known_queues(srv, &q);
+    json_head(r, "vhost", q.vhost, "queues");
+  } else if (kind == PX_DLQ_SHOW) {
+    json_head(r, "queue", q.queue, "messages");
+  }
+  run(srv, h, &q, r);
 }
 
 void px_dlq_http_list(px_server *srv, const px_admin_request *req,
                       const char *queue, px_admin_response *r) {
-  px_dlq_request q;
-  http_op *h = begin(req, &q, PX_DLQ_COUNT, queue, r);
-  if (!h)
-    return;
-  known_queues(srv, h, &q);
-  json_head(r, "vhost", q.vhost, "queues");
-  run(srv, h, &q, r);
+  route(srv, req, queue, r, PX_DLQ_COUNT);
 }
 
 void px_dlq_http_messages(px_server *srv, const px_admin_request *req,
                           const char *queue, px_admin_response *r) {
-  px_dlq_request q;
-  http_op *h = begin(req, &q, PX_DLQ_SHOW, queue, r);
-  if (!h)
-    return;
-  if (q.limit > MESSAGES_MAX) {
-    refuse(h, &q, r, "limit: at most 1000 messages per request");
-    return;
-  }
-  if (!q.limit)
-    q.limit = MESSAGES_DEFAULT;
-  json_head(r, "queue", q.queue, "messages");
-  run(srv, h, &q, r);
+  route(srv, req, queue, r, PX_DLQ_SHOW);
 }
 
 void px_dlq_http_redrive(px_server *srv, const px_admin_request *req,
                          const char *queue, px_admin_response *r) {
-  px_dlq_request q;
-  http_op *h = begin(req, &q, PX_DLQ_REDRIVE, queue, r);
-  if (h && strcmp(q.to, q.queue) == 0) {
-    refuse(h, &q, r, "to: the queue redriven itself");
-    return;
-  }
-  if (h)
-    run(srv, h, &q, r);
+  route(srv, req, queue, r, PX_DLQ_REDRIVE);
 }
 
 void px_dlq_http_purge(px_server *srv, const px_admin_request *req,
                        const char *queue, px_admin_response *r) {
-  px_dlq_request q;
-  http_op *h = begin(req, &q, PX_DLQ_PURGE, queue, r);
-  if (h)
-    run(srv, h, &q, r);
+  route(srv, req, queue, r, PX_DLQ_PURGE);
 }
