@@ -40,6 +40,12 @@ static void test_url_forms(void **state) {
   assert_true(u.addr.tls);
   assert_string_equal(u.vhost, "prod");
 
+  /* an '@' in the password may go unencoded: the user ends at the last */
+  assert_int_equal(px_amqp_url_parse("amqp://u:p@ss@h:1/v", &u, err, 256), 0);
+  assert_string_equal(u.user, "u");
+  assert_string_equal(u.password, "p@ss");
+  assert_string_equal(u.addr.host, "h");
+
   assert_int_equal(px_amqp_url_parse("amqp://u@h", &u, err, 256), 0);
   assert_string_equal(u.vhost, "/");
   assert_int_equal(u.addr.port, 5672);
@@ -149,6 +155,9 @@ static void test_message_json(void **state) {
   put(&w, "price", dec);
   amqp_field v = {.type = 'V'};
   put(&w, "nothing", v);
+  amqp_field nan = {.type = 'd'};
+  nan.v.d = 0.0 / 0.0;
+  put(&w, "nan", nan); /* JSON has no NaN */
   char *j = render(t, w.len, (const uint8_t *)"ab\xff\n\"", 5, "rb-");
   assert_non_null(strstr(j, "\"index\":7,\"redelivered\":true"));
   assert_non_null(strstr(
@@ -163,6 +172,7 @@ static void test_message_json(void **state) {
   assert_non_null(strstr(j, "\"list\":[\"x\\\"y\",true]"));
   assert_non_null(strstr(j, "\"price\":12.34"));
   assert_non_null(strstr(j, "\"nothing\":null"));
+  assert_non_null(strstr(j, "\"nan\":null"));
   assert_non_null(strstr(j, "\"body_size\":5,\"body\":\"ab\\ufffd\\u000a\\\"\""
                             ",\"body_truncated\":false}"));
   free(j);

@@ -378,7 +378,10 @@ def test_unreachable_broker_exit_3(broker):
 def test_usage_errors_exit_2(broker):
     for args in (("frobnicate",), ("show",), ("show", "a.dlq", "--limit", "x"),
                  ("purge", "a.dlq", "--limit", "-1"),
-                 ("redrive", "a.dlq", "--bogus")):
+                 ("redrive", "a.dlq", "--bogus"),
+                 # over the broker's 255 bytes: refused, never cut to a
+                 # name that may be another queue
+                 ("show", "q" * 300), ("redrive", "a.dlq", "--to", "q" * 256)):
         run = cli(broker, *args)
         assert run.rc == EXIT_USAGE, run
         assert run.error_line(), run
@@ -788,3 +791,38 @@ def test_return_is_matched_to_its_copy(broker):
         assert "moved 2 messages" in out, out
     finally:
         b.stop()
+
+
+def test_a_message_from_the_dlq_itself_stays_and_the_run_ends(broker, direct):
+    """A message whose source-queue header names the dead-letter queue
+    itself is never published back into it (the run would take it again
+    and again): it stays, the others move, and the run ends (exit 1)."""
+    q = rbtest.uniq("dlqself")
+    d = dlq(q)
+    declare_queue(direct, q)
+    put_parked(broker, direct, q, 2)
+    put_parked(broker, direct, d, 1, start=2, dlq_name=d)  # its source: d
+    wait_count(direct, d, 3)
+    run = cli(broker, "redrive", d, timeout=60)
+    assert run.rc == EXIT_PARTIAL and run.one(MOVED) == 2, run
+    wait_count(direct, q, 2)
+    wait_count(direct, d, 1)
+
+
+def test_redriven_copy_drops_the_dlqs_delivery_count(broker, direct):
+    """A quorum dead-letter queue counts a delivery each time a message is
+    browsed (x-delivery-count); that count is the DLQ's, not the message's:
+    the redriven copy does not carry it."""
+    q = rbtest.uniq("dlqxdc")
+    d = dlq(q)
+    declare_queue(direct, q)
+    put_parked(broker, direct, q, 1)
+    assert cli(broker, "show", d).rc == EXIT_OK
+    again = cli(broker, "show", d, "--json")  # requeued: counted once
+    headers = again.json()["messages"][0]["headers"]
+    assert headers.get("x-delivery-count"), headers
+    wait_count(direct, d, 1)
+    assert cli(broker, "redrive", d).rc == EXIT_OK
+    (m,) = get_all(direct, q, expect=1)
+    assert "x-delivery-count" not in m[1].headers, m[1].headers
+    assert PREFIX + "redriven-at" in m[1].headers
