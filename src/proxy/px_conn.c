@@ -199,6 +199,7 @@ static px_chunk *relocate(px_conn *c, size_t need) {
     return NULL;
   if (keep)
     memcpy(n->data, old->data + old->off, keep);
+  c->moved += keep;
   n->len = (uint32_t)keep;
   if (old)
     px_chunk_unref(old);
@@ -208,7 +209,7 @@ static px_chunk *relocate(px_conn *c, size_t need) {
 
 int px_conn_keep(px_conn *c, size_t need) {
   px_chunk *in = c->in;
-  if (!in)
+  if (!in || c->head) /* the input chunk was made for the head's rest */
     return 0;
   if (in->off == in->len) {
     px_chunk_unref(in);
@@ -218,6 +219,24 @@ int px_conn_keep(px_conn *c, size_t need) {
   if (need > in->cap - in->off && !relocate(c, need))
     return UV_ENOMEM;
   return 0;
+}
+
+int px_conn_keep_split(px_conn *c, size_t need) {
+  px_chunk *in = c->in;
+  if (need <= in->cap - in->off && in->cap - in->len >= PX_MIN_READ)
+    return 0; /* the rest fits behind it */
+  px_chunk *rest = px_chunk_new(need - (in->len - in->off) + PX_MIN_READ);
+  if (!rest)
+    return UV_ENOMEM;
+  c->head = in;
+  c->in = rest;
+  return 0;
+}
+
+void px_conn_head_done(px_conn *c) {
+  if (c->head)
+    px_chunk_unref(c->head);
+  c->head = NULL;
 }
 
 void px_conn_alloc(px_conn *c, uv_buf_t *buf) {
@@ -447,4 +466,5 @@ void px_conn_free(px_conn *c) {
   if (c->in)
     px_chunk_unref(c->in);
   c->in = NULL;
+  px_conn_head_done(c);
 }

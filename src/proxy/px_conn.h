@@ -92,11 +92,13 @@ struct px_conn {
   struct px_tls *tls; /* the TLS transport's state (px_tls.c) */
   uv_shutdown_t shutdown_req;
   uv_connect_t connect_req;
-  px_chunk *in; /* read chunk, NULL when idle */
+  px_chunk *in;   /* read chunk, NULL when idle */
+  px_chunk *head; /* the first piece of a unit split across two chunks */
   px_slice out[PX_CONN_OUT_MAX];
   unsigned nout;
   size_t inflight; /* bytes handed to the transport, not yet written */
   uint64_t bytes_in, bytes_out;
+  uint64_t moved;     /* input bytes copied to another chunk (px_conn_keep()) */
   bool open;          /* handle initialised and not closed */
   bool connected;     /* may be written to */
   bool reading;       /* the transport is reading */
@@ -141,6 +143,19 @@ static inline px_chunk *px_conn_input(px_conn *c) {
  * chunk is released; one too small for the unit is replaced by a larger
  * one holding the unparsed bytes. 0, or UV_ENOMEM. */
 int px_conn_keep(px_conn *c, size_t need);
+/* As px_conn_keep() for a unit of `need` bytes that the owner can take in
+ * two pieces (need > the bytes present): where px_conn_keep() would move
+ * the bytes present, they stay in their chunk as the head
+ * (px_conn_head(), from its `off` to its `len`) and reading goes on in a
+ * new input chunk with room for the rest, which starts at its offset 0.
+ * Reads stay full-sized and nothing is copied. While a head is held,
+ * px_conn_keep() changes nothing; the owner lets go of it with
+ * px_conn_head_done() once the unit is whole. 0, or UV_ENOMEM. */
+int px_conn_keep_split(px_conn *c, size_t need);
+static inline px_chunk *px_conn_head(px_conn *c) {
+  return c->head;
+}
+void px_conn_head_done(px_conn *c);
 
 /* Writing. Queue `len` bytes of chunk `ch` at `p` (a reference is taken;
  * bytes that continue the last slice extend it). Dropped silently after

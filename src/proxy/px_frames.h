@@ -15,7 +15,11 @@
 
 /* One frame from the client or the broker: a px_action. `raw` is the
  * whole frame in the read chunk; handlers may rewrite its channel field.
- * On PX_HOLD, *hold_chan is the channel whose held frames it joins. */
+ * On PX_HOLD, *hold_chan is the channel whose held frames it joins.
+ * A body frame may come in two pieces (a frame that spans two read
+ * chunks): then `raw` holds its header and the first piece, f->payload
+ * has ptr NULL and the whole length, and the bytes are s->split[0] then
+ * s->split[1]. */
 int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan);
 int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw);

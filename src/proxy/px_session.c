@@ -557,6 +557,12 @@ static int keep_frame(px_session *s, int act, px_chunk *c, uint8_t *raw,
   return 0;
 }
 
+/* Is everything `from` sends dropped unread? */
+static bool discarding(const px_session *s, const px_conn *from) {
+  return from->lingering ||
+         (from == &s->client && s->phase == PX_PHASE_FINISHING);
+}
+
 /* Is what `from` sent to be parsed? Not while ending: a lingering upstream
  * is only looked at for the close-ok of rebound's connection.close, and
  * what comes after a close-ok is dropped, as the broker does. The client's
@@ -572,8 +578,7 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
     if (s->up_end == PX_UP_CLOSE_SENT || px_life_closed(s))
       return false;
   }
-  if (from->lingering ||
-      (from == &s->client && s->phase == PX_PHASE_FINISHING)) {
+  if (discarding(s, from)) {
     c->off = c->len;
     return false;
   }
@@ -581,14 +586,120 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
          check_client_header(s, c) > 0;
 }
 
+static int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
+                    uint8_t *raw, px_chan **hold) {
+  if (from == &s->upstream)
+    return px_frames_upstream(s, f, raw);
+  if (px_life_conn_held(s))
+    return PX_DROP; /* after its connection.close */
+  return px_frames_client(s, f, raw, hold);
+}
+
+/* The bytes of the input chunk that end the frame begun in the head. */
+static uint32_t split_rest(px_conn *from) {
+  px_chunk *h = px_conn_head(from);
+  uint32_t first = h->len - h->off;
+  return (uint32_t)amqp_frame_size_at(h->data + h->off, first) - first;
+}
+
+/* A frame read in two pieces: -1 while its rest is still to come, else
+ * its bytes in the input chunk (0: none, or dropped unread). */
+static long split_ready(px_session *s, px_conn *from) {
+  if (!px_conn_head(from))
+    return 0;
+  px_chunk *c = from->in;
+  uint32_t rest = split_rest(from);
+  if (rest > c->len - c->off)
+    return -1;
+  if (!discarding(s, from))
+    return rest;
+  c->off += rest;
+  px_conn_head_done(from);
+  return 0;
+}
+
+/* Hold a frame read in two pieces: joined in a chunk of its own. */
+static int hold_split(px_session *s, px_chan *hold, const uint8_t *raw,
+                      uint32_t first, const uint8_t *tail, uint32_t rest) {
+  px_chunk *k = px_chunk_new((size_t)first + rest);
+  if (!k) {
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
+    return -1;
+  }
+  memcpy(k->data, raw, first);
+  memcpy(k->data + first, tail, rest);
+  k->len = first + rest;
+  int rc = keep_frame(s, PX_HOLD, k, k->data, k->len, hold);
+  px_chunk_unref(k); /* the held slice has its own reference */
+  return rc;
+}
+
+/* A body frame read in two pieces (px_conn_keep_split()): its header and
+ * first bytes in the head chunk, its last `rest` bytes (frame-end
+ * included) at the start of the input chunk. Dispatched with its payload
+ * in s->split[]; forwarded as two slices, the second starting the run of
+ * the frames after it; held as a copy joined in a chunk of its own. 0, or
+ * -1 when parsing stops. */
+static int split_frame(px_session *s, px_conn *from, px_conn *to,
+                       uint32_t rest) {
+  px_chunk *h = px_conn_head(from), *c = from->in;
+  uint8_t *raw = h->data + h->off;
+  uint32_t first = h->len - h->off;
+  c->off = rest;
+  if (c->data[rest - 1] != AMQP_FRAME_END) {
+    px_conn_head_done(from);
+    c->off = c->len; /* out of step, as in process_input() */
+    if (!px_life_telling_client(s))
+      input_error(s, from, AMQP_BAD_FRAME_END);
+    return -1;
+  }
+  amqp_frame f = {AMQP_FRAME_BODY,
+                  (uint16_t)(raw[1] << 8 | raw[2]),
+                  {NULL, first + rest - AMQP_FRAME_OVERHEAD}};
+  s->split[0] = (amqp_bytes){raw + AMQP_FRAME_HEADER_SIZE,
+                             first - AMQP_FRAME_HEADER_SIZE};
+  s->split[1] = (amqp_bytes){c->data, rest - 1};
+  px_chan *hold = NULL;
+  int act = dispatch(s, from, &f, raw, &hold);
+  memset(s->split, 0, sizeof s->split);
+  px_out_run_begin(&s->out, to, h, h->off);
+  if (act == PX_FORWARD)
+    px_out_run_extend(&s->out, h->len);
+  px_out_status st = px_out_run_end(&s->out);
+  px_out_run_begin(&s->out, to, c, act == PX_FORWARD ? 0 : rest);
+  px_out_run_extend(&s->out, rest);
+  int rc = st == PX_OUT_OK ? 0 : -1;
+  if (rc == 0 && act == PX_HOLD)
+    rc = hold_split(s, hold, raw, first, c->data, rest);
+  px_conn_head_done(from);
+  if (rc != 0 || act == PX_STOP)
+    return -1;
+  if (act != PX_FORWARD && (s->relq.n || s->idle_due))
+    after_event(s);
+  return px_out_failed(&s->out) ? -1 : 0;
+}
+
+/* Start the run of forwarded frames, with the frame read in two pieces
+ * when `rest` says there is one. false: parsing stops. */
+static bool begin_run(px_session *s, px_conn *from, px_conn *to,
+                      uint32_t rest) {
+  if (rest)
+    return split_frame(s, from, to, rest) == 0;
+  px_out_run_begin(&s->out, to, from->in, from->in->off);
+  return true;
+}
+
 static void process_input(px_session *s, px_conn *from) {
   px_chunk *c = from->in;
   px_conn *to = other_side(s, from);
+  long rest = split_ready(s, from);
+  if (rest < 0)
+    return; /* the rest of a frame read in two pieces is still to come */
   if (!input_wanted(s, from, c))
     return;
-  uint64_t frames = 0;
-  px_out_run_begin(&s->out, to, c, c->off);
-  while (!px_life_closed(s)) {
+  uint64_t frames = rest ? 1 : 0;
+  bool go = begin_run(s, from, to, (uint32_t)rest);
+  while (go && !px_life_closed(s)) {
     amqp_frame f;
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
                               frame_limit(s, from), &f);
@@ -607,9 +718,7 @@ static void process_input(px_session *s, px_conn *from) {
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
     frames++;
-    int act = from == &s->upstream   ? px_frames_upstream(s, &f, raw)
-              : px_life_conn_held(s) ? PX_DROP /* after its connection.close */
-                                     : px_frames_client(s, &f, raw, &hold);
+    int act = dispatch(s, from, &f, raw, &hold);
     c->off += (uint32_t)n;
     if (act == PX_FORWARD) { /* the common case: the run grows */
       px_out_run_extend(&s->out, c->off);
@@ -644,10 +753,15 @@ static void settle_chunk(px_session *s, px_conn *side) {
   px_chunk *c = px_conn_input(side);
   if (!c || s->phase == PX_PHASE_CONNECTING) /* protocol header pending */
     return;
-  uint64_t need = amqp_frame_size_at(c->data + c->off, c->len - c->off);
+  const uint8_t *p = c->data + c->off;
+  size_t have = c->len - c->off;
+  uint64_t need = amqp_frame_size_at(p, have);
   if (need > frame_limit(s, side))
     need = 0; /* cannot be: the parser refuses it (frame-max bounds it) */
-  if (px_conn_keep(side, (size_t)need) != 0)
+  /* a partial body frame (its header judged) is taken in two pieces */
+  bool split = need > have && p[0] == AMQP_FRAME_BODY && !px_conn_head(side);
+  if ((split ? px_conn_keep_split(side, (size_t)need)
+             : px_conn_keep(side, (size_t)need)) != 0)
     px_session_close(s, PX_CR_OUT_OF_MEMORY);
 }
 

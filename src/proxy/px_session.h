@@ -232,6 +232,10 @@ typedef struct px_session {
   uint64_t cache_bytes;     /* deliveries kept for retry */
   uint64_t held_bytes;      /* client frames held on channels: they count
                                against the upstream side's watermarks */
+  /* The payload of a body frame read in two chunks, while it is
+   * dispatched (its amqp_frame has payload.ptr NULL and the whole length;
+   * px_frames.h) */
+  amqp_bytes split[2];
   bool warned_uncached;
   /* client channels whose requeue waits for rebound's channel to reopen */
   struct {

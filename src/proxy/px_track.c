@@ -238,6 +238,14 @@ static px_delivery *new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
 }
 
 /* Header and body frames of the delivery being captured (the newest). */
+static void capture_body(px_delivery *d, amqp_bytes b) {
+  uint64_t n = b.len;
+  if (n > d->body_len - d->body_have)
+    n = d->body_len - d->body_have;
+  memcpy(d->content + d->header_len + d->body_have, b.ptr, n);
+  d->body_have += n;
+}
+
 void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
   px_track *t = &c->track;
   if (!t->capture || !t->dl.r.n)
@@ -268,11 +276,12 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     d->header_len = (uint32_t)f->payload.len;
     d->body_len = body;
   } else if (f->type == AMQP_FRAME_BODY && d->content) {
-    uint64_t n = f->payload.len;
-    if (n > d->body_len - d->body_have)
-      n = d->body_len - d->body_have;
-    memcpy(d->content + d->header_len + d->body_have, f->payload.ptr, n);
-    d->body_have += n;
+    if (f->payload.ptr) {
+      capture_body(d, f->payload);
+    } else { /* read in two pieces */
+      capture_body(d, s->split[0]);
+      capture_body(d, s->split[1]);
+    }
   }
   if (d->content && d->body_have == d->body_len) {
     d->state = PX_DL_CACHED;
