@@ -70,8 +70,8 @@ uint64_t amqp_frame_size_at(const uint8_t *buf, size_t len) {
   return (uint64_t)at_be32(buf + 3) + AMQP_FRAME_OVERHEAD;
 }
 
-long amqp_frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
-                      amqp_frame *f) {
+long amqp__frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
+                       amqp_frame *f) {
   if (len < AMQP_FRAME_HEADER_SIZE)
     return AMQP_PARTIAL;
   uint8_t type = buf[0];

@@ -51,8 +51,32 @@ char *amqp_protocol_header_describe(const uint8_t *buf, size_t len, char *out,
  * the first 7 bytes), AMQP_UNKNOWN_FRAME_TYPE, AMQP_BAD_FRAME_END,
  * AMQP_BAD_HEARTBEAT, AMQP_SHORT_PAYLOAD (a method payload under 4 bytes or
  * a content header under 14). */
-long amqp_frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
-                      amqp_frame *f);
+long amqp__frame_parse(const uint8_t *buf, size_t len, uint32_t frame_max,
+                       amqp_frame *f);
+/* Inline for the frames of every message (a whole method, content header
+ * or body frame within frame_max); everything else, partial and refused
+ * frames included, goes through the full check, with the same result. */
+static inline long amqp_frame_parse(const uint8_t *buf, size_t len,
+                                    uint32_t frame_max, amqp_frame *f) {
+  if (len > AMQP_FRAME_HEADER_SIZE) {
+    uint8_t type = buf[0];
+    uint32_t size = (uint32_t)buf[3] << 24 | (uint32_t)buf[4] << 16 |
+                    (uint32_t)buf[5] << 8 | (uint32_t)buf[6];
+    bool known = type == AMQP_FRAME_BODY ||
+                 (type == AMQP_FRAME_METHOD && size >= 4) ||
+                 (type == AMQP_FRAME_HEADER && size >= 14);
+    if (known && len - AMQP_FRAME_HEADER_SIZE > size &&
+        (frame_max == 0 || (uint64_t)size + AMQP_FRAME_OVERHEAD <= frame_max) &&
+        buf[AMQP_FRAME_HEADER_SIZE + size] == AMQP_FRAME_END) {
+      f->type = type;
+      f->channel = (uint16_t)(buf[1] << 8 | buf[2]);
+      f->payload.ptr = buf + AMQP_FRAME_HEADER_SIZE;
+      f->payload.len = size;
+      return (long)size + AMQP_FRAME_OVERHEAD;
+    }
+  }
+  return amqp__frame_parse(buf, len, frame_max, f);
+}
 
 /* The whole size (header, payload, frame-end) of the frame `buf` starts
  * with, as its header announces it; 0 while fewer than its 7 header bytes

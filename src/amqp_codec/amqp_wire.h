@@ -55,17 +55,34 @@ static inline bool amqp__take(amqp_reader *r, size_t n, const uint8_t **out) {
   return true;
 }
 
+/* Big-endian integers read in place: written out, the compiler makes
+ * each one load and a byte swap. */
+static inline uint32_t amqp__be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+         (uint32_t)p[3];
+}
+
+static inline uint64_t amqp__be(const uint8_t *p, size_t bytes) {
+  switch (bytes) {
+  case 1:
+    return p[0];
+  case 2:
+    return (uint16_t)(p[0] << 8 | p[1]);
+  case 4:
+    return amqp__be32(p);
+  default:
+    return (uint64_t)amqp__be32(p) << 32 | amqp__be32(p + 4);
+  }
+}
+
 /* amqp_get_u8 .. amqp_get_u64: one unsigned big-endian integer, 0 on
  * failure. */
 #define AMQP__GETTER(bits)                                                     \
   static inline uint##bits##_t amqp_get_u##bits(amqp_reader *r) {              \
     const uint8_t *p;                                                          \
-    uint64_t v = 0;                                                            \
     if (!amqp__take(r, (bits) / 8, &p))                                        \
       return 0;                                                                \
-    for (size_t i = 0; i < (bits) / 8; i++)                                    \
-      v = v << 8 | p[i];                                                       \
-    return (uint##bits##_t)v;                                                  \
+    return (uint##bits##_t)amqp__be(p, (bits) / 8);                            \
   }
 AMQP__GETTER(8)
 AMQP__GETTER(16)

@@ -611,28 +611,20 @@ int px_frames_upstream_error(px_session *s, const char *what) {
   return PX_STOP;
 }
 
-static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f,
-                            uint32_t id) {
-  switch (f->type) {
-  case AMQP_FRAME_METHOD:
-    if (id == AMQP_BASIC_DELIVER || id == AMQP_BASIC_GET_OK ||
-        id == AMQP_BASIC_RETURN)
-      c->u2c = PX_CONTENT_HEADER;
-    break;
-  case AMQP_FRAME_HEADER:
-    c->u2c_left = amqp_content_header_peek_size(f->payload);
-    if (c->u2c_left > PX_UPSTREAM_BODY_MAX)
-      return px_frames_upstream_error(s,
-                                      "content header announces an impossible "
-                                      "body size");
-    c->u2c = c->u2c_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
-    break;
-  case AMQP_FRAME_BODY:
+/* Content framing from the broker: after a content method its header,
+ * then bodies adding up to the header's size. */
+static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f) {
+  if (f->type == AMQP_FRAME_BODY) {
     c->u2c_left -= f->payload.len < c->u2c_left ? f->payload.len : c->u2c_left;
     if (c->u2c_left == 0)
       c->u2c = PX_CONTENT_NONE;
-    break;
+    return PX_FORWARD;
   }
+  c->u2c_left = amqp_content_header_peek_size(f->payload);
+  if (c->u2c_left > PX_UPSTREAM_BODY_MAX)
+    return px_frames_upstream_error(s, "content header announces an impossible "
+                                       "body size");
+  c->u2c = c->u2c_left ? PX_CONTENT_BODY : PX_CONTENT_NONE;
   return PX_FORWARD;
 }
 
@@ -693,7 +685,27 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   }
 }
 
-int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
+/* The header and body frames of a message to a client channel, the bulk
+ * of what the broker sends: checked against the channel's content state,
+ * kept when they belong to a kept delivery, renumbered. */
+static int upstream_content_frame(px_session *s, const amqp_frame *f,
+                                  uint8_t *raw) {
+  px_chan *c = px_tab_get(&s->by_up, f->channel);
+  if (!c)
+    return PX_FORWARD;
+  if (upstream_content(s, c, f) != PX_FORWARD)
+    return PX_STOP;
+  if (c->track.capture) /* most content belongs to no kept delivery */
+    px_track_content(s, c, f);
+  if (c->up_ch != c->client_ch)
+    px_chan_renumber(raw, c->client_ch);
+  return PX_FORWARD;
+}
+
+/* Every other frame from the broker: methods, heartbeats, rebound's own
+ * channel, and what comes while the session ends. */
+static __attribute__((noinline)) int
+upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (px_life_telling_client(s))
     return upstream_frame_closing(s, f);
   bool gone = s->phase == PX_PHASE_CLIENT_GONE;
@@ -711,8 +723,13 @@ int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
   px_chan *c = px_tab_get(&s->by_up, f->channel);
   if (!c)
     return PX_FORWARD;
-  if (upstream_content(s, c, f, id) != PX_FORWARD)
-    return PX_STOP;
+  if (f->type != AMQP_FRAME_METHOD) {
+    if (upstream_content(s, c, f) != PX_FORWARD)
+      return PX_STOP;
+  } else if (id == AMQP_BASIC_DELIVER || id == AMQP_BASIC_GET_OK ||
+             id == AMQP_BASIC_RETURN) {
+    c->u2c = PX_CONTENT_HEADER;
+  }
   upstream_track(s, c, f, id);
   if (id == AMQP_CHANNEL_OPEN_OK)
     c->state = PX_CH_OPEN;
@@ -721,4 +738,12 @@ int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (id == AMQP_CHANNEL_CLOSE_OK)
     px_frames_chan_release(s, c);
   return PX_FORWARD;
+}
+
+int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
+  if ((f->type == AMQP_FRAME_HEADER || f->type == AMQP_FRAME_BODY) &&
+      !px_life_telling_client(s) && s->phase != PX_PHASE_CLIENT_GONE &&
+      f->channel != 0 && f->channel != s->own_ch)
+    return upstream_content_frame(s, f, raw);
+  return upstream_frame(s, f, raw);
 }
