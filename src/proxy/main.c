@@ -105,6 +105,7 @@ int main(int argc, char **argv) {
   if (uv_loop_close(&loop) != 0)
     px_warn("exit_handles_open", PX_S("reason", "handles left open"));
   px_chunk_pool_drain();
+  px_conn_out_pool_drain();
   px_metrics_free(&srv);
   px_server_free(&srv);
   if (rc == 0)

@@ -271,10 +271,51 @@ void px_conn_read_done(px_conn *c, ssize_t nread) {
 
 /* ---- writing ------------------------------------------------------------ */
 
+/* The slice tables of connections with something queued; an idle
+ * connection holds none. Spare tables wait in a short free list. */
+#define OUT_POOL_MAX 64
+
+static px_slice *out_pool;
+static unsigned out_pool_len;
+
+static px_slice *out_take(void) {
+  px_slice *t = out_pool;
+  if (!t)
+    return malloc(PX_CONN_OUT_MAX * sizeof *t);
+  memcpy(&out_pool, &t->ptr, sizeof out_pool); /* the next spare */
+  out_pool_len--;
+  return t;
+}
+
+/* Give the table back once nothing is queued. */
+static void out_done(px_conn *c) {
+  px_slice *t = c->out;
+  if (c->nout || !t)
+    return;
+  c->out = NULL;
+  if (out_pool_len == OUT_POOL_MAX) {
+    free(t);
+    return;
+  }
+  memcpy(&t->ptr, &out_pool, sizeof out_pool);
+  out_pool = t;
+  out_pool_len++;
+}
+
+void px_conn_out_pool_drain(void) {
+  while (out_pool) {
+    px_slice *t = out_pool;
+    memcpy(&out_pool, &t->ptr, sizeof out_pool);
+    free(t);
+  }
+  out_pool_len = 0;
+}
+
 static void drop_out(px_conn *c) {
   for (unsigned i = 0; i < c->nout; i++)
     px_chunk_unref(c->out[i].chunk);
   c->nout = 0;
+  out_done(c);
 }
 
 /* Shut the write side down once lingering and drained. */
@@ -334,6 +375,7 @@ static int try_write(px_conn *c) {
   c->nout -= done;
   if (done && c->nout)
     memmove(c->out, c->out + done, c->nout * sizeof *c->out);
+  out_done(c);
   return 0;
 }
 
@@ -359,6 +401,7 @@ int px_conn_flush(px_conn *c) {
     w->bytes += c->out[i].len;
   }
   c->nout = 0;
+  out_done(c);
   int rc = c->io->write(c, w);
   if (rc < 0) {
     for (unsigned i = 0; i < w->n; i++)
@@ -388,6 +431,8 @@ int px_conn_queue(px_conn *c, px_chunk *ch, const uint8_t *p, uint32_t len) {
   }
   if (c->nout == PX_CONN_OUT_MAX)
     return UV_ENOBUFS; /* not connected yet */
+  if (!c->out && !(c->out = out_take()))
+    return UV_ENOMEM;
   px_chunk_ref(ch);
   c->out[c->nout++] = (px_slice){ch, (uint8_t *)p, len};
   return 0;

@@ -90,11 +90,13 @@ struct px_conn {
   const char *name;   /* "client", "upstream": for logs */
   uv_tcp_t tcp;       /* the TCP handle of the plain and TLS transports */
   struct px_tls *tls; /* the TLS transport's state (px_tls.c) */
-  uv_shutdown_t shutdown_req;
-  uv_connect_t connect_req;
+  union {             /* a connect is over before a shutdown can start */
+    uv_connect_t connect_req;
+    uv_shutdown_t shutdown_req;
+  };
   px_chunk *in;   /* read chunk, NULL when idle */
   px_chunk *head; /* the first piece of a unit split across two chunks */
-  px_slice out[PX_CONN_OUT_MAX];
+  px_slice *out;  /* PX_CONN_OUT_MAX slices while any is queued, else NULL */
   unsigned nout;
   size_t inflight; /* bytes handed to the transport, not yet written */
   uint64_t bytes_in, bytes_out;
@@ -159,8 +161,10 @@ void px_conn_head_done(px_conn *c);
 
 /* Writing. Queue `len` bytes of chunk `ch` at `p` (a reference is taken;
  * bytes that continue the last slice extend it). Dropped silently after
- * px_conn_stop_writing() or on a closed connection. 0, or UV_ENOBUFS
- * when the slice table is full and cannot be flushed (not connected). */
+ * px_conn_stop_writing() or on a closed connection. 0, UV_ENOBUFS when
+ * the slice table is full and cannot be flushed (not connected), or
+ * UV_ENOMEM when there is no memory for the table (a connection holds
+ * one only while something is queued). */
 int px_conn_queue(px_conn *c, px_chunk *ch, const uint8_t *p, uint32_t len)
     __attribute__((warn_unused_result));
 /* Queue a copy of `len` bytes: in the spare room of the chunk of the last
@@ -188,6 +192,8 @@ int px_conn_linger(px_conn *c) __attribute__((warn_unused_result));
  * released, it shuts down if drained (returns as px_conn_flush()). */
 void px_conn_hold_shutdown(px_conn *c);
 int px_conn_release_shutdown(px_conn *c) __attribute__((warn_unused_result));
+/* Free the spare slice tables (at exit, for leak checkers). */
+void px_conn_out_pool_drain(void);
 /* Close the handle (the closed event follows). Safe to call twice. */
 void px_conn_close(px_conn *c);
 /* Give back the chunks still referenced (after the closed event). */

@@ -190,6 +190,7 @@ void h_free(harness *h) {
   }
   free(h);
   px_chunk_pool_drain();
+  px_conn_out_pool_drain();
 }
 
 /* ---- what the peers send ------------------------------------------------ */

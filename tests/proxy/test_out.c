@@ -57,6 +57,7 @@ static int teardown(void **state) {
   (void)state;
   px_conn_free(&conn);
   px_chunk_pool_drain();
+  px_conn_out_pool_drain();
   return 0;
 }
 
