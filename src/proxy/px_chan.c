@@ -10,14 +10,14 @@ const char *px_chan_state_name(int state) {
 }
 
 int px_tab_init(px_tab *t, uint16_t max) {
-  t->nblocks = ((uint32_t)max >> 6) + 1;
-  t->blocks = calloc(t->nblocks, sizeof *t->blocks);
-  t->max = t->blocks ? max : 0;
-  return t->blocks ? 0 : -1;
+  t->blocks = NULL;
+  t->nblocks = 0;
+  t->max = max;
+  return max ? 0 : -1;
 }
 
 void px_tab_free(px_tab *t) {
-  for (uint32_t b = 0; t->blocks && b < t->nblocks; b++)
+  for (uint32_t b = 0; b < t->nblocks; b++)
     free(t->blocks[b]);
   free(t->blocks);
   t->blocks = NULL;
@@ -26,33 +26,46 @@ void px_tab_free(px_tab *t) {
 }
 
 px_chan *px_tab_next(const px_tab *t, uint32_t *cursor) {
-  for (uint32_t i = *cursor; t->blocks && i < t->nblocks * 64u; i++) {
-    px_chan **block = t->blocks[i >> 6];
+  for (uint32_t i = *cursor; i < t->nblocks * PX_TAB_BLOCK; i++) {
+    px_chan **block = t->blocks[i / PX_TAB_BLOCK];
     if (!block) {
-      i |= 63; /* the whole block is empty */
+      i |= PX_TAB_BLOCK - 1; /* the whole block is empty */
       continue;
     }
-    if (block[i & 63]) {
+    if (block[i % PX_TAB_BLOCK]) {
       *cursor = i + 1;
-      return block[i & 63];
+      return block[i % PX_TAB_BLOCK];
     }
   }
-  *cursor = t->blocks ? t->nblocks * 64u : 0;
+  *cursor = t->nblocks * PX_TAB_BLOCK;
   return NULL;
 }
 
+/* Make the first level reach block `b`. */
+static int tab_grow(px_tab *t, uint32_t b) {
+  px_chan ***blocks = realloc(t->blocks, (b + 1) * sizeof *blocks);
+  if (!blocks)
+    return -1;
+  memset(blocks + t->nblocks, 0, (b + 1 - t->nblocks) * sizeof *blocks);
+  t->blocks = blocks;
+  t->nblocks = b + 1;
+  return 0;
+}
+
 int px_tab_set(px_tab *t, uint16_t ch, px_chan *c) {
-  uint32_t b = ch >> 6;
+  uint32_t b = ch / PX_TAB_BLOCK;
   if (ch == 0 || ch > t->max)
     return -1;
-  if (!t->blocks[b]) {
+  if (b >= t->nblocks || !t->blocks[b]) {
     if (!c)
       return 0;
-    t->blocks[b] = calloc(64, sizeof(px_chan *));
+    if (b >= t->nblocks && tab_grow(t, b) != 0)
+      return -1;
+    t->blocks[b] = calloc(PX_TAB_BLOCK, sizeof(px_chan *));
     if (!t->blocks[b])
       return -1;
   }
-  t->blocks[b][ch & 63] = c;
+  t->blocks[b][ch % PX_TAB_BLOCK] = c;
   return 0;
 }
 

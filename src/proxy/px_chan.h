@@ -50,24 +50,30 @@ typedef struct px_chan {
 
 const char *px_chan_state_name(int state);
 
-/* A two-level table from a channel number (1..max) to a px_chan. Empty
- * until px_tab_init(); blocks of 64 entries are allocated on first use, so
- * a connection with a few channels costs a few hundred bytes. */
+/* A two-level table from a channel number (1..max) to a px_chan: blocks
+ * of PX_TAB_BLOCK entries, allocated on first use, under a first level
+ * that grows to the highest block used. Empty until px_tab_init(); a
+ * connection with a few low-numbered channels costs a few hundred bytes. */
+#define PX_TAB_BLOCK 8
+
 typedef struct px_tab {
   px_chan ***blocks;
-  uint32_t nblocks;
-  uint16_t max;
+  uint32_t nblocks; /* entries of the first level */
+  uint16_t max;     /* 0 until px_tab_init() */
 } px_tab;
 
-/* Size the table for channels 1..max. Returns 0 or -1 (no memory). */
+/* Size the table for channels 1..max (max >= 1). Returns 0 or -1. */
 int px_tab_init(px_tab *t, uint16_t max);
 void px_tab_free(px_tab *t);
+static inline bool px_tab_ready(const px_tab *t) {
+  return t->max != 0;
+}
 
 static inline px_chan *px_tab_get(const px_tab *t, uint16_t ch) {
-  uint32_t b = ch >> 6;
-  if (ch == 0 || ch > t->max || !t->blocks[b])
+  uint32_t b = ch / PX_TAB_BLOCK; /* channel 0 and those over max: never set */
+  if (b >= t->nblocks || !t->blocks[b])
     return 0;
-  return t->blocks[b][ch & 63];
+  return t->blocks[b][ch % PX_TAB_BLOCK];
 }
 
 /* The channels of a table in number order: start with *cursor = 0; NULL

@@ -84,7 +84,7 @@ void px_frames_chans_free(px_session *s) {
 
 static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
                                px_chan **hold_chan) {
-  if (!s->by_client.blocks || ch > s->channel_max ||
+  if (!px_tab_ready(&s->by_client) || ch > s->channel_max ||
       px_tab_get(&s->by_client, ch))
     return PX_FORWARD; /* the broker answers that */
   px_chan *c = calloc(1, sizeof *c);
@@ -189,7 +189,7 @@ static void keep_login(px_session *s, const amqp_method *m) {
 }
 
 static int client_tune_ok(px_session *s, const amqp_method *m) {
-  if (s->by_client.blocks || s->up_end != PX_UP_HANDSHAKE)
+  if (px_tab_ready(&s->by_client) || s->up_end != PX_UP_HANDSHAKE)
     return px_frames_client_error(s, AMQP_REPLY_CHANNEL_ERROR,
                                   "unexpected connection.tune-ok, the "
                                   "connection is already tuned",
@@ -514,8 +514,9 @@ void px_frames_retry_idle(px_session *s) {
 static void log_open(px_session *s) {
   px_info("session_open", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
-          PX_S("upstream", s->dial.addr), PX_U("channel_max", s->channel_max),
-          PX_U("frame_max", s->frame_max), PX_U("heartbeat", s->heartbeat));
+          PX_S("upstream", px_session_upstream(s)),
+          PX_U("channel_max", s->channel_max), PX_U("frame_max", s->frame_max),
+          PX_U("heartbeat", s->heartbeat));
 }
 
 /* Does the broker dead-letter out of quorum queues at-least-once? Its
@@ -572,7 +573,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
     }
     break;
   case AMQP_CONNECTION_OPEN_OK:
-    if (s->phase != PX_PHASE_HANDSHAKE || !s->by_client.blocks)
+    if (s->phase != PX_PHASE_HANDSHAKE || !px_tab_ready(&s->by_client))
       break;
     px_life_handshake_done(s);
     log_open(s);
@@ -605,7 +606,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
 int px_frames_upstream_error(px_session *s, const char *what) {
   s->srv->stats.protocol_errors++;
   px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->dial.addr), PX_S("error", what));
+          PX_S("upstream", px_session_upstream(s)), PX_S("error", what));
   px_life_close_client(s, AMQP_REPLY_INTERNAL_ERROR,
                        "INTERNAL_ERROR - protocol error from the broker", 0, 0);
   return PX_STOP;

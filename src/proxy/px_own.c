@@ -244,7 +244,7 @@ static void pub_ready(void *ctx) {
   s->pub_ready = true;
   s->srv->stats.retry_connections_total++;
   px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("upstream", s->dial.addr),
+           PX_S("upstream", px_session_upstream(s)),
            PX_S("state", px_own_state_name(s->own_state)));
   if (s->own_state == PX_OWN_OPENING && s->own_on_pub) {
     amqp_method m;
@@ -292,7 +292,7 @@ static void pub_lost(void *ctx, const char *why, uint16_t code,
     s->srv->stats.retry_connection_failures++;
   }
   px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->dial.addr), PX_S("error", why),
+          PX_S("upstream", px_session_upstream(s)), PX_S("error", why),
           PX_S("state", was), PX_B("text", text.ptr, text.len),
           PX_S("action", was_ready ? "reconnect after a backoff"
                                    : "copies go on the client's connection"));
@@ -316,15 +316,15 @@ static void pub_open(px_session *s) {
   s->login.peer = s->peer;
   s->pub_ready = false;
   s->out.pub = s->login_auth
-                   ? px_pub_open(s->srv->loop, (struct sockaddr *)&s->dial.sa,
-                                 s->srv->pub_io, &s->login, &pub_events, s)
+                   ? px_pub_open(s->srv->loop, &s->up.sa.sa, s->srv->pub_io,
+                                 &s->login, &pub_events, s)
                    : NULL;
   if (s->out.pub)
     return;
   s->pub_failed = true;
   s->srv->stats.retry_connection_failures++;
   px_warn("retry_connection_failed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", s->dial.addr),
+          PX_S("upstream", px_session_upstream(s)),
           PX_S("error", s->login_auth ? "cannot be set up"
                                       : "the client's login was not kept"),
           PX_S("action", "copies go on the client's connection"));

@@ -62,6 +62,9 @@ static void session_free(px_session *s) {
   free_secret(s->login_auth, s->login.mechanism.len + s->login.response.len +
                                  s->login.locale.len);
   free(s->login_vhost);
+  free(s->dial); /* never started: the session did not open */
+  free(s->up.addr);
+  free(s->up.host);
   px_frames_chans_free(s);
   px_retry_free(s);
   px_ring_free(&s->relq);
@@ -85,7 +88,8 @@ static void on_conn_closed(void *ctx, px_conn *c) {
   if (c == &s->upstream && !px_life_closed(s)) {
     /* a failed connect attempt: the dialer tries the next */
     s->open_handles--;
-    px_dial_closed(&s->dial);
+    if (s->dial)
+      px_dial_closed(s->dial);
     return;
   }
   if (--s->open_handles == 0)
@@ -115,7 +119,8 @@ void px_session_close(px_session *s, px_close_reason reason) {
   px_pub_close(s->out.pub);
   s->out.pub = NULL;
   s->pub_ready = false;
-  px_dial_close(&s->dial);
+  if (s->dial)
+    px_dial_close(s->dial);
   /* unlink now: a closing session no longer counts or drains */
   s->srv->stats.sessions_current--;
   if (s->prev)
@@ -476,7 +481,7 @@ static int check_client_header(px_session *s, px_chunk *c) {
     px_life_close_after_flush(s, &s->client, PX_CR_BAD_PROTOCOL_HEADER);
     return -1;
   }
-  if (s->dial.failed) { /* no broker: the client is told, in AMQP */
+  if (s->dial_failed) { /* no broker: the client is told, in AMQP */
     c->off += AMQP_PROTOCOL_HEADER_SIZE;
     refuse(s);
     return -1;
@@ -861,7 +866,7 @@ static void on_conn_connected(void *ctx, px_conn *c, int status) {
   px_session *s = ctx;
   (void)c;
   if (!px_life_closed(s))
-    px_dial_connected(&s->dial, status);
+    px_dial_connected(s->dial, status);
 }
 
 static void dial_opened(void *ctx) {
@@ -876,8 +881,8 @@ static void dial_connected(void *ctx) {
   px_session *s = ctx;
   s->srv->upstream_ok = true;
   s->srv->stats.upstream_connections_total++;
-  s->login.tls = s->dial.tls_now ? s->srv->tls_upstream : NULL;
-  s->login.tls_host = s->dial.host;
+  s->login.tls = s->dial->tls_now ? s->srv->tls_upstream : NULL;
+  s->login.tls_host = s->dial->host;
   if (s->phase == PX_PHASE_HANDSHAKE) {
     px_conn_read(&s->upstream);
     if (px_out_bytes(&s->out, &s->upstream, amqp_protocol_header,
@@ -904,8 +909,9 @@ static void dial_connected(void *ctx) {
  * bare EOF. */
 static void dial_failed(void *ctx) {
   px_session *s = ctx;
+  s->dial_failed = true;
   px_error("upstream_unreachable", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("tried", s->dial.errors));
+           PX_S("tried", s->dial->errors));
   px_life_note(s, PX_CR_NO_UPSTREAM);
   if (s->phase == PX_PHASE_HANDSHAKE) {
     refuse(s); /* the header went to an attempt that failed */
@@ -931,12 +937,31 @@ static void dial_attempt_failed(void *ctx, const char *addr) {
 
 static void dial_released(void *ctx) {
   px_session *s = ctx;
+  free(s->dial);
+  s->dial = NULL;
   if (--s->open_handles == 0)
     session_free(s);
 }
 
+/* The broker answered: what the session keeps of the upstream is
+ * copied out and the dialer let go (dial_released() frees it). */
 static void upstream_started(px_session *s) {
-  px_dial_started(&s->dial);
+  px_dial *d = s->dial;
+  if (!d || d->closed)
+    return;
+  px_dial_started(d);
+  s->up.addr = strdup(d->addr);
+  s->up.host = strdup(d->host);
+  if (!s->up.addr || !s->up.host) {
+    px_session_close(s, PX_CR_OUT_OF_MEMORY);
+    return;
+  }
+  memcpy(&s->up.sa, &d->sa,
+         d->sa.ss_family == AF_INET6 ? sizeof s->up.sa.in6
+                                     : sizeof s->up.sa.in);
+  s->up.tls = d->tls_now;
+  s->login.tls_host = s->up.host;
+  px_dial_close(d);
 }
 
 static const px_dial_events dial_events = {dial_opened, dial_connected,
@@ -1004,6 +1029,11 @@ static px_session *session_alloc(px_server *srv) {
   px_session *s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
+  s->dial = calloc(1, sizeof *s->dial);
+  if (!s->dial) {
+    free(s);
+    return NULL;
+  }
   s->srv = srv;
   s->hooks = &hooks;
   px_conn_init(&s->client, "client", &conn_events, s);
@@ -1037,7 +1067,7 @@ static void session_start(px_session *s) {
 
   px_life_phase(s, PX_PHASE_CONNECTING); /* its timer starts */
   px_conn_read(&s->client);
-  px_dial_start(&s->dial, srv->loop, srv->cfg, &srv->dial_memory,
+  px_dial_start(s->dial, srv->loop, srv->cfg, &srv->dial_memory,
                 srv->tls_upstream, &s->upstream, srv->cfg->connect_timeout_ms,
                 &dial_events, s, s->id);
 }

@@ -168,7 +168,20 @@ typedef struct px_session {
   uint8_t phase;  /* px_close_phase */
   uint8_t closer; /* px_close_by */
   px_conn client, upstream;
-  px_dial dial;           /* reaching the upstream (px_dial.h) */
+  px_dial *dial;    /* reaching the upstream (px_dial.h), while dialing: freed
+                       once the broker has answered (an idle session holds
+                       no dialer) */
+  bool dial_failed; /* every upstream failed */
+  struct {          /* the upstream in use, once dialing is over */
+    char *addr;     /* "host:port" */
+    char *host;     /* its name (SNI) */
+    union {
+      struct sockaddr sa;
+      struct sockaddr_in in;
+      struct sockaddr_in6 in6;
+    } sa;
+    bool tls;
+  } up;
   uv_timer_t timer;       /* handshake, then close-ok wait */
   uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
   unsigned open_handles;
@@ -323,5 +336,12 @@ void px_session_tick(px_session *s, uint32_t shortest_timeout_ms);
 /* The sessions of a server, newest first (ids decrease along it). */
 px_session *px_session_next(const px_session *s);
 uint64_t px_session_id(const px_session *s);
+
+/* "host:port" of the upstream tried or in use ("" before the first). */
+static inline const char *px_session_upstream(const px_session *s) {
+  if (s->dial)
+    return s->dial->addr;
+  return s->up.addr ? s->up.addr : "";
+}
 
 #endif
