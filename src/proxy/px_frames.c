@@ -272,7 +272,7 @@ static int client_content(px_session *s, const amqp_frame *f, px_chan *c,
                                     "method frame during content", id);
     if (id == AMQP_BASIC_PUBLISH) {
       c->c2u = PX_CONTENT_HEADER;
-      px_track_publish(c);
+      px_track_publish(s, c);
     }
     return PX_FORWARD;
   }

@@ -406,7 +406,7 @@ static int publish_copy(px_session *s, px_delivery *d,
     st = px_out_frame(&s->out, sink, AMQP_FRAME_HEADER, s->own_ch, frame,
                       (size_t)n);
   free(frame);
-  const uint8_t *body = d->content + d->header_len;
+  const uint8_t *body = px_dl_content(d) + d->header_len;
   size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
   for (uint64_t off = 0; st == PX_OUT_OK && off < d->body_len; off += chunk) {
     size_t k = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
@@ -850,8 +850,8 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   const char *q = px_dl_queue(d);
   const retry_rule *rule = delivery_rule(s, d);
   amqp_content_header h; /* decoded once: for the count and the copy */
-  if (amqp_content_header_decode((amqp_bytes){d->content, d->header_len}, &h) !=
-      AMQP_OK)
+  if (amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
+                                 &h) != AMQP_OK)
     return "content header does not decode";
   retry_decide(rule, q, strlen(q), count_header(s, &h), jitter_draw(), &plan);
   if (plan.action == RETRY_PASS) {
@@ -911,8 +911,9 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
   int64_t count = -1;
   if (!rule || rule->ntiers == 0)
     return 1000;
-  if (d->content && amqp_content_header_decode(
-                        (amqp_bytes){d->content, d->header_len}, &h) == AMQP_OK)
+  if (d->header_len &&
+      amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
+                                 &h) == AMQP_OK)
     count = count_header(s, &h);
   return rule->tiers_ms[retry_tier_for(rule, count, jitter_draw())];
 }

@@ -87,6 +87,9 @@ typedef struct px_log_limit {
 
 typedef struct px_server {
   uv_loop_t *loop;
+  /* The clock in microseconds, read once per loop iteration
+   * (px_server_now_us()) */
+  uint64_t now_us, now_at_ms;
   const px_config *cfg;
   uv_tcp_t *listener;     /* heap: a reload may replace it; NULL once closed
                              (or --listen off) */
@@ -180,5 +183,17 @@ void px_server_close(px_server *srv);
 
 /* Free the config. After the loop has ended. */
 void px_server_free(px_server *srv);
+
+/* Microseconds of uv_hrtime(), read at most once per loop iteration (the
+ * loop's cached time tells one iteration from the next): what happened in
+ * one event shares one clock read. */
+static inline uint64_t px_server_now_us(px_server *srv) {
+  uint64_t ms = uv_now(srv->loop);
+  if (ms != srv->now_at_ms || !srv->now_us) {
+    srv->now_at_ms = ms;
+    srv->now_us = uv_hrtime() / 1000;
+  }
+  return srv->now_us;
+}
 
 #endif

@@ -49,10 +49,9 @@ static void cache_unreserve(px_session *s, uint64_t n) {
 
 void px_track_release(px_session *s, px_delivery *d) {
   uint64_t tag = d->tag;
-  if (d->bytes)
-    cache_unreserve(s, d->bytes);
+  if (d->header_len)
+    cache_unreserve(s, (uint64_t)d->header_len + d->body_len);
   free(d->names);
-  free(d->content);
   memset(d, 0, sizeof *d);
   d->tag = tag; /* the ring stays sorted by tag */
 }
@@ -68,9 +67,7 @@ static void uncache(px_session *s, px_delivery *d, const char *why) {
                          "connection"));
   }
   free(d->names);
-  free(d->content);
   d->names = NULL;
-  d->content = NULL;
   d->state = PX_DL_UNCACHED;
 }
 
@@ -147,7 +144,7 @@ void px_track_observe(px_session *s, const px_delivery *d) {
   if (d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED)
     /* else observed when it was nacked */
     px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
-                       uv_hrtime() / 1000 - d->delivered_us);
+                       px_server_now_us(s->srv) - d->delivered_us);
 }
 
 void px_track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
@@ -192,11 +189,13 @@ static bool dl_make_room(px_track *t) {
   return px_ring_reserve(&t->dl.r, sizeof(px_delivery), PX_TRACK_MAX) == 0;
 }
 
-/* Copy the names a copy's headers need: queue NUL exchange NUL key NUL. */
-static char *dl_names(const char *queue, amqp_bytes exchange,
+/* Copy the names a copy's headers need: queue NUL exchange NUL key NUL
+ * (each at most 255 bytes: shortstrs and a queue name). */
+static char *dl_names(px_delivery *d, const char *queue, amqp_bytes exchange,
                       amqp_bytes routing_key) {
   size_t ql = strlen(queue);
-  char *p = malloc(ql + exchange.len + routing_key.len + 3);
+  d->names_len = (uint16_t)(ql + exchange.len + routing_key.len + 3);
+  char *p = malloc(d->names_len);
   if (!p)
     return NULL;
   memcpy(p, queue, ql + 1);
@@ -212,8 +211,8 @@ static char *dl_names(const char *queue, amqp_bytes exchange,
 
 /* Track a delivery; with a rule, also start keeping its content (`queue`,
  * `exchange` and `routing_key` are then needed for the copy's headers). */
-static px_delivery *new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
-                                 int qid, const retry_rule *rule,
+static px_delivery *new_delivery(px_session *s, px_chan *c, uint64_t tag,
+                                 uint32_t gen, int qid, const retry_rule *rule,
                                  const char *queue, amqp_bytes exchange,
                                  amqp_bytes routing_key) {
   px_track *t = &c->track;
@@ -228,8 +227,8 @@ static px_delivery *new_delivery(px_chan *c, uint64_t tag, uint32_t gen,
   d->state = PX_DL_UNCACHED;
   d->gen = gen;
   d->qid = qid;
-  d->delivered_us = uv_hrtime() / 1000;
-  if (!rule || !(d->names = dl_names(queue, exchange, routing_key)))
+  d->delivered_us = px_server_now_us(s->srv);
+  if (!rule || !(d->names = dl_names(d, queue, exchange, routing_key)))
     return d;
   d->rule = rule;
   d->state = PX_DL_CAPTURE;
@@ -242,7 +241,7 @@ static void capture_body(px_delivery *d, amqp_bytes b) {
   uint64_t n = b.len;
   if (n > d->body_len - d->body_have)
     n = d->body_len - d->body_have;
-  memcpy(d->content + d->header_len + d->body_have, b.ptr, n);
+  memcpy(d->names + d->names_len + d->header_len + d->body_have, b.ptr, n);
   d->body_have += n;
 }
 
@@ -255,7 +254,7 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     t->capture = 0;
     return;
   }
-  if (f->type == AMQP_FRAME_HEADER && !d->content) {
+  if (f->type == AMQP_FRAME_HEADER && !d->header_len) {
     uint64_t body = amqp_content_header_peek_size(f->payload);
     bool too_large = body > UINT32_MAX - f->payload.len;
     uint64_t need = too_large ? 0 : f->payload.len + body;
@@ -264,18 +263,18 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
       t->capture = 0;
       return;
     }
-    d->content = malloc(need ? need : 1);
-    if (!d->content) {
+    char *all = realloc(d->names, d->names_len + need);
+    if (!all) {
       cache_unreserve(s, need);
       uncache(s, d, "out of memory");
       t->capture = 0;
       return;
     }
-    d->bytes = need;
-    memcpy(d->content, f->payload.ptr, f->payload.len);
+    d->names = all;
+    memcpy(all + d->names_len, f->payload.ptr, f->payload.len);
     d->header_len = (uint32_t)f->payload.len;
-    d->body_len = body;
-  } else if (f->type == AMQP_FRAME_BODY && d->content) {
+    d->body_len = (uint32_t)body;
+  } else if (f->type == AMQP_FRAME_BODY && d->header_len) {
     if (f->payload.ptr) {
       capture_body(d, f->payload);
     } else { /* read in two pieces */
@@ -283,7 +282,7 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
       capture_body(d, s->split[1]);
     }
   }
-  if (d->content && d->body_have == d->body_len) {
+  if (d->header_len && d->body_have == d->body_len) {
     d->state = PX_DL_CACHED;
     t->capture = 0;
   }
@@ -421,7 +420,7 @@ bool px_track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
 static void got_ok(px_session *s, px_chan *c, const amqp_arg *a,
                    const char *queue) {
   px_delivery *d = new_delivery(
-      c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
+      s, c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u, s->srv->cfg_gen,
       px_metrics_queue(s->srv, queue),
       retry_match(&s->srv->cfg->retry, queue, strlen(queue)), queue,
       a[AMQP_F_BASIC_GET_OK_EXCHANGE].b, a[AMQP_F_BASIC_GET_OK_ROUTING_KEY].b);
@@ -499,7 +498,7 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   }
   px_delivery *d;
   if (!k->rule) {
-    d = new_delivery(c, tag, s->srv->cfg_gen, k->qid, NULL, NULL,
+    d = new_delivery(s, c, tag, s->srv->cfg_gen, k->qid, NULL, NULL,
                      (amqp_bytes){0}, (amqp_bytes){0});
     if (d)
       d->cid = k->cid;
@@ -510,7 +509,7 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
     c->track.lost = true;
     return false;
   }
-  d = new_delivery(c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
+  d = new_delivery(s, c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
                    m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
                    m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
   if (d) {
@@ -595,7 +594,7 @@ void px_track_free(px_session *s, px_chan *c) {
 
 /* ---- publisher confirms of the client's publishes (metrics) ------------- */
 
-void px_track_publish(px_chan *c) {
+void px_track_publish(px_session *s, px_chan *c) {
   px_track *t = &c->track;
   if (!t->confirm)
     return;
@@ -613,7 +612,7 @@ void px_track_publish(px_chan *c) {
     t->pub_cap = cap;
     t->pub_head = 0;
   }
-  t->pub_us[(t->pub_head + t->pub_n++) % t->pub_cap] = uv_hrtime() / 1000;
+  t->pub_us[(t->pub_head + t->pub_n++) % t->pub_cap] = px_server_now_us(s->srv);
 }
 
 /* The broker's basic.ack/nack on a client channel in confirm mode: every
@@ -623,7 +622,7 @@ void px_track_confirmed(px_session *s, px_chan *c, amqp_bytes payload) {
   px_track *t = &c->track;
   amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
   uint64_t tag = amqp_get_u64(&r);
-  uint64_t now = uv_hrtime() / 1000;
+  uint64_t now = px_server_now_us(s->srv);
   if (!t->confirm || r.failed)
     return;
   while (t->pub_n && t->pub_seq <= tag) {

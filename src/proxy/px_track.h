@@ -65,20 +65,25 @@ enum {
                                 swallows the client's settle */
 };
 
+/* 64 bytes: a kept delivery costs this, its ring slot, and one
+ * allocation of its names and content. */
 typedef struct px_delivery {
   uint64_t tag;
+  const retry_rule *rule;
+  uint64_t delivered_us;
+  /* A kept delivery's one allocation: queue NUL exchange NUL routing-key
+   * NUL (names_len bytes), then, once its header came, the content:
+   * header payload, then body (px_dl_content()). */
+  char *names;
+  uint32_t cid;        /* its consumer's px_consumer.cid; 0: a basic.get */
+  uint32_t gen;        /* config generation of `rule` */
+  int qid;             /* metrics label slot of its queue */
+  uint32_t header_len; /* 0 until the content header came */
+  uint32_t body_len, body_have; /* header_len + body_len counts against the
+                                   cache bounds (at most UINT32_MAX) */
+  uint16_t names_len;
   uint8_t state; /* px_dl_state */
   uint8_t flags; /* PX_DLF_* */
-  uint32_t cid;  /* its consumer's px_consumer.cid; 0: a basic.get */
-  const retry_rule *rule;
-  uint32_t gen; /* config generation of `rule` */
-  int qid;      /* metrics label slot of its queue */
-  uint64_t delivered_us;
-  char *names;      /* queue NUL exchange NUL routing-key NUL */
-  uint8_t *content; /* header payload, then body */
-  uint32_t header_len;
-  uint64_t body_len, body_have;
-  uint64_t bytes; /* counted against the cache bounds */
 } px_delivery;
 
 /* Unsettled deliveries of a channel, oldest first (px_ring.h). Tags grow,
@@ -117,6 +122,12 @@ typedef struct px_track {
  * included. */
 static inline px_delivery *px_dl_at(const px_track *t, uint32_t i) {
   return px_ring_at(&t->dl.r, sizeof(px_delivery), i);
+}
+
+/* The kept content: header payload (header_len bytes), then body; NULL
+ * before the header came. */
+static inline const uint8_t *px_dl_content(const px_delivery *d) {
+  return d->header_len ? (const uint8_t *)d->names + d->names_len : NULL;
 }
 
 static inline const char *px_dl_queue(const px_delivery *d) {
@@ -183,7 +194,7 @@ void px_track_release(struct px_session *s, px_delivery *d);
 void px_track_observe(struct px_session *s, const px_delivery *d);
 /* confirm.select / basic.publish / the broker's confirms on a client
  * channel: publish-to-confirm times. */
-void px_track_publish(struct px_chan *c);
+void px_track_publish(struct px_session *s, struct px_chan *c);
 void px_track_confirmed(struct px_session *s, struct px_chan *c,
                         amqp_bytes payload);
 
