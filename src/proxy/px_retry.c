@@ -252,40 +252,57 @@ enum {
 /* publish_copy(): the copy's content header would exceed frame-max. */
 #define COPY_TOO_LARGE 1
 
+_Static_assert(H_REASON == 1 << 6, "header_suffix[] follows the H_* bits");
+
+/* The suffixes of rebound's headers, in the order of their H_* bits. */
+static const char *const header_suffix[] = {
+    "retry-count",          "source-queue",    "original-exchange",
+    "original-routing-key", "first-failed-at", "last-failed-at",
+    "dead-letter-reason",
+};
+
+/* The name of the header of H_* bit `i`, built once per configuration;
+ * NULL when the prefix makes it too long. */
+static const char *header_name(px_server *srv, unsigned i) {
+  char(*names)[RETRY_NAME_MAX + 1] = srv->header_names;
+  if (srv->names_gen != srv->cfg_gen + 1) {
+    for (unsigned k = 0; k < sizeof header_suffix / sizeof *header_suffix; k++)
+      if (retry_header_name(&srv->cfg->retry, header_suffix[k], names[k],
+                            sizeof names[k]) < 0)
+        names[k][0] = '\0';
+    srv->names_gen = srv->cfg_gen + 1;
+  }
+  return names[i][0] ? names[i] : NULL;
+}
+
 /* The copy's headers: every original header kept, rebound's in `mask` set.
  * Two halves of `out` take turns as amqp_table_set()'s destination. */
 static int copy_headers(px_session *s, const px_delivery *d,
                         const retry_plan *plan, unsigned mask,
                         const char *reason, amqp_bytes src, uint8_t *out,
                         size_t cap, size_t *len) {
-  const retry_policy *pol = &s->srv->cfg->retry;
   uint8_t *half[2] = {out, out + cap / 2};
   amqp_bytes cur = src;
-  char name[RETRY_NAME_MAX + 1];
   amqp_field existing;
   uint64_t now = (uint64_t)time(NULL);
   struct {
-    unsigned bit;
-    const char *suffix;
     amqp_field value;
     bool keep; /* set only when absent: the first failure's values */
   } set[] = {
-      {H_COUNT, "retry-count", amqp_field_long(plan->new_count), false},
-      {H_SOURCE, "source-queue", amqp_field_string(amqp_cstr(px_dl_queue(d))),
-       false},
-      {H_EXCHANGE, "original-exchange",
-       amqp_field_string(amqp_cstr(px_dl_exchange(d))), true},
-      {H_ROUTING_KEY, "original-routing-key",
-       amqp_field_string(amqp_cstr(px_dl_routing_key(d))), true},
-      {H_FIRST, "first-failed-at", amqp_field_timestamp(now), true},
-      {H_LAST, "last-failed-at", amqp_field_timestamp(now), false},
-      {H_REASON, "dead-letter-reason", amqp_field_string(amqp_cstr(reason)),
-       false},
+      /* in the order of the H_* bits */
+      {amqp_field_long(plan->new_count), false},
+      {amqp_field_string(amqp_cstr(px_dl_queue(d))), false},
+      {amqp_field_string(amqp_cstr(px_dl_exchange(d))), true},
+      {amqp_field_string(amqp_cstr(px_dl_routing_key(d))), true},
+      {amqp_field_timestamp(now), true},
+      {amqp_field_timestamp(now), false},
+      {amqp_field_string(amqp_cstr(reason)), false},
   };
-  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
-    if (!(mask & set[i].bit))
+  for (unsigned i = 0; i < sizeof set / sizeof set[0]; i++) {
+    if (!(mask & 1u << i))
       continue;
-    if (retry_header_name(pol, set[i].suffix, name, sizeof name) < 0)
+    const char *name = header_name(s->srv, i);
+    if (!name)
       return -1;
     if (set[i].keep &&
         amqp_table_get(cur, amqp_cstr(name), &existing) == AMQP_OK)
@@ -468,11 +485,9 @@ static void pop_newest_op(px_session *s) {
  * integer. */
 static int64_t count_header(px_session *s, const amqp_content_header *h) {
   amqp_field v;
-  char name[RETRY_NAME_MAX + 1];
   int64_t n;
-  if (!(h->props.flags & AMQP_P_HEADERS) ||
-      retry_header_name(&s->srv->cfg->retry, "retry-count", name, sizeof name) <
-          0 ||
+  const char *name = header_name(s->srv, 0); /* H_COUNT */
+  if (!(h->props.flags & AMQP_P_HEADERS) || !name ||
       amqp_table_get(h->props.headers, amqp_cstr(name), &v) != AMQP_OK)
     return -1;
   return amqp_field_as_int(&v, &n) && n >= 0 ? n : -2;

@@ -106,6 +106,11 @@ typedef struct px_server {
    * generation (px_track.h) is used only while that generation is
    * current, which is what lets a reload free the config it replaces. */
   uint32_t cfg_gen;
+  /* rebound's header names (prefix + suffix) of the configuration in
+   * use, built once per generation (px_retry.c); names_gen is cfg_gen + 1
+   * once built */
+  uint32_t names_gen;
+  char header_names[7][RETRY_NAME_MAX + 1];
   uint64_t cfg_since_ms; /* loop time of the start, or the last reload */
   bool policy_logged[PX_MAX_RULES]; /* unmatched, logged (px_view.c) */
   uv_timer_t janitor_timer;         /* px_view_check, processing timeouts */
