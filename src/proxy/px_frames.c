@@ -21,10 +21,6 @@
 
 /* Upper bound on frame-max when a peer negotiates 0 ("no limit"). */
 #define PX_FRAME_MAX_CAP (4u * 1024 * 1024)
-/* The largest body a broker may announce. RabbitMQ refuses messages over
- * 512 MiB (its max_message_size cannot be set higher); anything past 4 GiB
- * is a broken or hostile peer, and sizes near 2^64 would overflow sums. */
-#define PX_UPSTREAM_BODY_MAX UINT64_C(0xffffffff)
 
 /* Is upstream channel `n` unused, by the client and by rebound? */
 static bool up_free(const px_session *s, uint32_t n) {

@@ -11,6 +11,8 @@
 #include <stdint.h>
 
 #include "amqp.h"
+#include "px_chan.h"
+#include "px_life.h"
 #include "px_session.h"
 
 /* One frame from the client or the broker: a px_action. `raw` is the
@@ -23,6 +25,59 @@
 int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
                      px_chan **hold_chan);
 int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw);
+
+/* The largest body a broker may announce. RabbitMQ refuses messages over
+ * 512 MiB (its max_message_size cannot be set higher); anything past 4 GiB
+ * is a broken or hostile peer, and sizes near 2^64 would overflow sums. */
+#define PX_UPSTREAM_BODY_MAX UINT64_C(0xffffffff)
+
+/* The short path for the bulk of the traffic: a content header or body
+ * frame of the message in progress on a channel that nothing else watches
+ * (open, nothing held, no content being kept, the same number on both
+ * sides, the session not ending). Its content framing is checked here,
+ * inline in the read loop, and it is forwarded; false: the frame goes to
+ * px_frames_upstream() or px_frames_client(), which judge it the same way
+ * and handle what this does not. */
+static inline bool px_frames_content(uint8_t type, amqp_bytes payload,
+                                     uint8_t *state, uint64_t *left,
+                                     uint64_t max) {
+  uint64_t n;
+  if (type == AMQP_FRAME_HEADER) {
+    n = amqp_content_header_peek_size(payload);
+    if (*state != PX_CONTENT_HEADER || n > max)
+      return false;
+  } else {
+    if (type != AMQP_FRAME_BODY || *state != PX_CONTENT_BODY ||
+        payload.len > *left)
+      return false;
+    n = *left - payload.len;
+  }
+  *left = n;
+  *state = n ? PX_CONTENT_BODY : PX_CONTENT_NONE;
+  return true;
+}
+
+static inline bool px_frames_upstream_content(px_session *s,
+                                              const amqp_frame *f) {
+  if (f->type == AMQP_FRAME_METHOD || s->closer != PX_BY_NONE ||
+      s->phase == PX_PHASE_CLIENT_GONE || f->channel == s->own_ch)
+    return false;
+  px_chan *c = px_tab_get(&s->by_up, f->channel);
+  return c && !c->track.capture && c->up_ch == c->client_ch &&
+         px_frames_content(f->type, f->payload, &c->u2c, &c->u2c_left,
+                           PX_UPSTREAM_BODY_MAX);
+}
+
+static inline bool px_frames_client_content(px_session *s,
+                                            const amqp_frame *f) {
+  if (f->type == AMQP_FRAME_METHOD || s->closer != PX_BY_NONE ||
+      px_life_conn_held(s))
+    return false;
+  px_chan *c = px_tab_get(&s->by_client, f->channel);
+  return c && !c->held && c->state == PX_CH_OPEN && c->up_ch == c->client_ch &&
+         px_frames_content(f->type, f->payload, &c->c2u, &c->c2u_left,
+                           UINT64_MAX);
+}
 
 /* Release every channel's state (the session is freed). */
 void px_frames_chans_free(px_session *s);

@@ -591,10 +591,15 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
          check_client_header(s, c) > 0;
 }
 
-static int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
-                    uint8_t *raw, px_chan **hold) {
+/* What a frame means (a px_action): content frames that only pass take
+ * the short path (px_frames.h). */
+static inline int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
+                           uint8_t *raw, px_chan **hold) {
   if (from == &s->upstream)
-    return px_frames_upstream(s, f, raw);
+    return px_frames_upstream_content(s, f) ? PX_FORWARD
+                                            : px_frames_upstream(s, f, raw);
+  if (px_frames_client_content(s, f))
+    return PX_FORWARD;
   if (px_life_conn_held(s))
     return PX_DROP; /* after its connection.close */
   return px_frames_client(s, f, raw, hold);
@@ -653,7 +658,7 @@ static int split_frame(px_session *s, px_conn *from, px_conn *to,
   c->off = rest;
   if (c->data[rest - 1] != AMQP_FRAME_END) {
     px_conn_head_done(from);
-    c->off = c->len; /* out of step, as in process_input() */
+    c->off = c->len; /* out of step, as in out_of_step() */
     if (!px_life_telling_client(s))
       input_error(s, from, AMQP_BAD_FRAME_END);
     return -1;
@@ -684,6 +689,18 @@ static int split_frame(px_session *s, px_conn *from, px_conn *to,
   return px_out_failed(&s->out) ? -1 : 0;
 }
 
+/* A frame that does not parse: the stream is out of step, and what is
+ * buffered is dropped. A peer told to close answers in a later read,
+ * parsed afresh; while closing, further garbage is dropped without
+ * another log line. */
+static void out_of_step(px_session *s, px_conn *from, long status) {
+  px_chunk *c = from->in;
+  bool flushed = px_out_run_flush(&s->out, c->len) == PX_OUT_OK;
+  c->off = c->len;
+  if (flushed && !px_life_telling_client(s))
+    input_error(s, from, status);
+}
+
 /* Start the run of forwarded frames, with the frame read in two pieces
  * when `rest` says there is one. false: parsing stops. */
 static bool begin_run(px_session *s, px_conn *from, px_conn *to,
@@ -703,21 +720,19 @@ static void process_input(px_session *s, px_conn *from) {
   if (!input_wanted(s, from, c))
     return;
   uint64_t frames = rest ? 1 : 0;
+  uint32_t tuned = s->frame_max, limit = frame_limit(s, from);
   bool go = begin_run(s, from, to, (uint32_t)rest);
   while (go && !px_life_closed(s)) {
     amqp_frame f;
-    long n = amqp_frame_parse(c->data + c->off, c->len - c->off,
-                              frame_limit(s, from), &f);
+    if (s->frame_max != tuned) { /* a tune-ok passed: the limit changes */
+      tuned = s->frame_max;
+      limit = frame_limit(s, from);
+    }
+    long n = amqp_frame_parse(c->data + c->off, c->len - c->off, limit, &f);
     if (n == AMQP_PARTIAL)
       break;
     if (n < 0) {
-      /* The stream is out of step: drop what is buffered. A peer told
-       * to close answers in a later read, parsed afresh; while closing,
-       * further garbage is dropped without another log line. */
-      bool flushed = px_out_run_flush(&s->out, c->len) == PX_OUT_OK;
-      c->off = c->len;
-      if (flushed && !px_life_telling_client(s))
-        input_error(s, from, n);
+      out_of_step(s, from, n);
       break;
     }
     uint8_t *raw = c->data + c->off;
