@@ -1,0 +1,191 @@
+/* The unsettled deliveries of a channel (px_track.h): a ring sorted by
+ * delivery tag, settled at the head in O(1), in the middle by leaving a
+ * hole, squeezed once holes are half of it. Driven through a session
+ * (session_harness.h): the broker delivers, the client acks and nacks, and
+ * after each step the test compares what rebound tracks with the set of
+ * tags that should still be unsettled. A nack of a tracked delivery
+ * produces rebound's copy, which shows its content was kept whole. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "px_chan.h"
+#include "px_track.h"
+#include "session_harness.h"
+
+#define POLICY                                                                 \
+  "--retry-queues", "q", "--retry-tiers", "1s", "--max-attempts", "3",         \
+      "--retry-confirm-timeout", "200ms"
+
+#define MAXTAG 120
+
+static void cmocka_fail(const char *msg) {
+  fail_msg("%s", msg);
+}
+
+static int teardown(void **state) {
+  h_free(*state);
+  *state = NULL;
+  return 0;
+}
+
+/* A session with channel 1 consuming q (acks), and tags 1..n delivered. */
+static harness *start(void **state, uint64_t n) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = h_new(args);
+  assert_non_null(h);
+  *state = h;
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  for (uint64_t t = 1; t <= n; t++)
+    h_deliver(h, 1, "c1", t, NULL, "hello", 5);
+  h_settle(h);
+  return h;
+}
+
+static void deliver(harness *h, uint64_t from, uint64_t to) {
+  for (uint64_t t = from; t <= to; t++)
+    h_deliver(h, 1, "c1", t, NULL, "hello", 5);
+  h_settle(h);
+}
+
+static void ack(harness *h, uint64_t tag, bool multiple) {
+  h_ack(h, H_CLIENT, 1, tag, multiple);
+  h_settle(h);
+}
+
+/* What rebound tracks is exactly the tags with want[tag] set, in tag
+ * order, and no settled entry is left at either end. */
+static void check(harness *h, const bool *want) {
+  px_chan *c = px_tab_get(&h->s->by_client, 1);
+  assert_non_null(c);
+  const px_track *t = &c->track;
+  uint32_t live = 0;
+  uint64_t last = 0;
+  for (uint32_t i = 0; i < t->dl.r.n; i++) {
+    const px_delivery *d = px_dl_at(t, i);
+    assert_true(d->tag > last); /* sorted, each tag once */
+    last = d->tag;
+    if (d->state != PX_DL_GONE) {
+      assert_true(d->tag <= MAXTAG && want[d->tag]);
+      live++;
+    }
+  }
+  uint32_t wanted = 0;
+  for (uint64_t tag = 1; tag <= MAXTAG; tag++) {
+    wanted += want[tag];
+    assert_int_equal(px_track_find(c, tag) != NULL, want[tag]);
+  }
+  assert_int_equal(live, wanted);
+  if (t->dl.r.n) {
+    assert_int_not_equal(px_dl_at(t, 0)->state, PX_DL_GONE);
+    assert_int_not_equal(px_dl_at(t, t->dl.r.n - 1)->state, PX_DL_GONE);
+  }
+}
+
+/* The client nacks `tag` (requeue): rebound publishes the copy of its
+ * kept content. */
+static void nack_copies(harness *h, uint64_t tag) {
+  char line[128];
+  h_nack(h, H_CLIENT, 1, tag, false, true);
+  snprintf(line, sizeof line, "ch%u body len=5", h->own_ch);
+  h_skip_until(h, H_BROKER, line);
+}
+
+/* Single acks out of order leave holes; a multiple ack settles the rest
+ * below its tag; the retry path still finds what is left. */
+static void test_out_of_order_and_multiple(void **state) {
+  harness *h = start(state, 40);
+  bool want[MAXTAG + 1] = {false};
+  for (uint64_t t = 1; t <= 40; t++)
+    want[t] = true;
+  check(h, want);
+
+  static const uint64_t singles[] = {3, 7, 20, 1, 40};
+  for (size_t i = 0; i < sizeof singles / sizeof *singles; i++) {
+    ack(h, singles[i], false);
+    want[singles[i]] = false;
+    check(h, want);
+  }
+  ack(h, 10, true);
+  for (uint64_t t = 1; t <= 10; t++)
+    want[t] = false;
+  check(h, want);
+
+  nack_copies(h, 15); /* a hole and a settled head before it */
+  want[15] = false;   /* rebound acks the original once the copy is in */
+  h_ack(h, H_BROKER, h->own_ch, 1, false);
+  h_settle(h);
+  check(h, want);
+
+  ack(h, 40, true); /* past the last: everything */
+  for (uint64_t t = 1; t <= 40; t++)
+    want[t] = false;
+  check(h, want);
+}
+
+/* Settles at the head while deliveries keep coming: the ring wraps, then
+ * grows while wrapped; tags stay in order and findable. */
+static void test_wrap_then_grow(void **state) {
+  harness *h = start(state, 6);
+  bool want[MAXTAG + 1] = {false};
+  ack(h, 4, true);
+  for (uint64_t t = 5; t <= 6; t++)
+    want[t] = true;
+  check(h, want);
+  for (uint64_t t = 7; t <= 60; t += 3) { /* wraps, then doubles */
+    deliver(h, t, t + 2);
+    for (uint64_t k = t; k <= t + 2; k++)
+      want[k] = true;
+    ack(h, t - 2, false); /* the oldest but one: a hole near the head */
+    want[t - 2] = false;
+    check(h, want);
+  }
+  nack_copies(h, 60);
+  h_ack(h, H_BROKER, h->own_ch, 1, false);
+  h_settle(h);
+  want[60] = false;
+  check(h, want);
+}
+
+/* Holes in the middle, more than half of the ring: squeezed out, the
+ * tags that remain intact and in order. */
+static void test_holes_squeezed(void **state) {
+  harness *h = start(state, 100);
+  bool want[MAXTAG + 1] = {false};
+  for (uint64_t t = 1; t <= 100; t++)
+    want[t] = true;
+  for (uint64_t t = 2; t < 100; t++) { /* four in five; the ends stay */
+    if (t % 5 == 0)
+      continue;
+    ack(h, t, false);
+    want[t] = false;
+    check(h, want);
+  }
+  px_chan *c = px_tab_get(&h->s->by_client, 1);
+  assert_true(c->track.dl.ngone <= 16 ||
+              c->track.dl.ngone <= c->track.dl.r.n / 2);
+  assert_true(c->track.dl.r.n < 100); /* squeezed at least once */
+  nack_copies(h, 50);
+  h_ack(h, H_BROKER, h->own_ch, 1, false);
+  h_settle(h);
+  want[50] = false;
+  check(h, want);
+}
+
+int main(void) {
+  h_on_fail(cmocka_fail);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_out_of_order_and_multiple, teardown),
+      cmocka_unit_test_teardown(test_wrap_then_grow, teardown),
+      cmocka_unit_test_teardown(test_holes_squeezed, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
