@@ -200,3 +200,77 @@ describe_machine() {
     describe_rebound
     echo "# $(haproxy -v | head -n 1 | cut -d' ' -f1-3), rabbitmq-server $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '?'), gcc $(gcc -dumpfullversion 2>/dev/null)"
 }
+
+# ---- fake_broker + pump_client runs (callgrind_pump.sh, hotpath_bench.sh) ----
+
+# listening PORT: something listens on 127.0.0.1:PORT (asked of the kernel,
+# not by connecting: a probe connection would be a session rebound counts).
+listening() {
+    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
+}
+
+# start_fake_broker TAG ARG...: bench/fake_broker on a free loopback port
+# (--timeout 900) with ARGs; its stdout and stderr go to $WORK/fake.TAG.out
+# and $WORK/fake.TAG.log. Sets FAKE_PID and FAKE_PORT.
+start_fake_broker() {
+    local tag=$1 i
+    shift
+    FAKE_PORT=
+    "$BUILD/bench/fake_broker" --listen 127.0.0.1:0 --timeout 900 "$@" \
+        >"$WORK/fake.$tag.out" 2>"$WORK/fake.$tag.log" &
+    FAKE_PID=$!
+    PIDS+=("$FAKE_PID")
+    for ((i = 0; i < 100; i++)); do
+        FAKE_PORT=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out" 2>/dev/null || true)
+        [ -n "$FAKE_PORT" ] && return 0
+        kill -0 "$FAKE_PID" 2>/dev/null || die "fake_broker exited: $(cat "$WORK/fake.$tag.log")"
+        sleep 0.1
+    done
+    die "fake_broker did not say where it listens"
+}
+
+# pump_mode_args MODE PREFETCH BODY: pump_client's flags for a workload
+# (noack, ack, publish) in the array PUMP_MODE_ARGS.
+pump_mode_args() {
+    case $1 in
+        noack) PUMP_MODE_ARGS=() ;;
+        ack) PUMP_MODE_ARGS=(--ack --prefetch "$2") ;;
+        publish) PUMP_MODE_ARGS=(--publish --body-size "$3") ;;
+        *) die "unknown mode $1" ;;
+    esac
+}
+
+# check_pump_line MODE N FRAMES_PER_MSG LINE: dies unless pump_client's
+# RESULT line says it got (or, publishing, wrote) exactly N messages of
+# FRAMES_PER_MSG frames, nothing after the last one, a clean close, and
+# (ack) wrote N acks.
+check_pump_line() {
+    local mode=$1 n=$2 fpm=$3 line=$4 frames
+    [[ $line == *" status=ok "* ]] || die "pump_client: ${line:-no result}"
+    frames=$(echo "$line" | sed -n 's/.* frames=\([0-9]*\).*/\1/p')
+    [ "$frames" = $((n * fpm)) ] ||
+        die "pump_client counted $frames frames, expected $((n * fpm))"
+    [[ $line == *" extra=0"* ]] || die "frames after the last message: $line"
+    if [ "$mode" = ack ]; then
+        [[ $line == *" acks=$n "* ]] || die "pump_client did not write $n acks: $line"
+    fi
+}
+
+# check_fake_log MODE N FRAMES_PER_MSG LOG: dies unless fake_broker's
+# stderr (written when it exits) shows the same: N deliveries written
+# (noack, ack; none publishing), N deliveries acknowledged and no unknown
+# tag (ack; no ack otherwise), N complete messages published of
+# FRAMES_PER_MSG frames each (publish; none otherwise).
+check_fake_log() {
+    local mode=$1 n=$2 fpm=$3 log=$4
+    local written=$n acks="received 0 acks" pub="0 messages published"
+    case $mode in
+        ack) acks="received $n acks ($n deliveries acknowledged, 0 acks of unknown tags)" ;;
+        publish)
+            written=0
+            pub="$n messages published ($((n * fpm)) publish frames)" ;;
+    esac
+    grep -qF "($written messages) written" "$log" && grep -qF "$acks" "$log" &&
+        grep -qF "$pub" "$log" ||
+        die "fake_broker (expected \"($written messages) written\", \"$acks\", \"$pub\"): $(cat "$log")"
+}

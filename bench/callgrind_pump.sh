@@ -4,7 +4,8 @@
 #
 #   bench/callgrind_pump.sh [--binary PATH] [--body-size B] [--small N1]
 #                           [--large N2] [--repeat R] [--top K] [--tls]
-#                           [--haproxy]
+#                           [--haproxy] [--mode noack|ack|publish]
+#                           [--prefetch P]
 #
 # One run of N messages: bench/fake_broker --messages N --body-size B writes
 # exactly N deliveries (basic.deliver + content header + one body frame of
@@ -29,6 +30,31 @@
 # Then the top K (default 10) functions by self Ir of the first large run
 # (callgrind_annotate), and the top K by self Ir per forwarded frame (first
 # large run minus first small run, per frame: start-up cancels out).
+#
+# --mode (default noack, all of the above) picks the workload:
+#   noack    as above: deliveries broker -> client, no acknowledgements.
+#   ack      pump_client --ack --prefetch P (default 100): basic.qos
+#            prefetch-count P, basic.consume without no-ack, and a basic.ack
+#            (multiple 0) for every delivery once it is complete, the acks
+#            of one read written together; fake_broker keeps at most P
+#            deliveries unacknowledged and writes more as acks free room.
+#            The proxy forwards the deliveries (3 frames a message, counted
+#            by pump_client, 3 N) and the acks (1 a message, the other way),
+#            so here
+#              Ir per delivered message = (Ir(N2) - Ir(N1)) / (N2 - N1)
+#              Ir per forwarded frame   = (Ir(N2) - Ir(N1)) / (4 N2 - 4 N1)
+#            (checked: pump_client wrote N acks, fake_broker got N
+#            deliveries acknowledged and no ack of an unknown tag).
+#   publish  pump_client --publish --body-size B: N messages (basic.publish
+#            to exchange "" + content header + one body frame; 3 frames, 2
+#            for B = 0) client -> broker as fast as the socket takes them,
+#            no confirms, then connection.close / close-ok. The frames
+#            counted are the ones pump_client wrote (checked to be 3 N), and
+#            fake_broker must have received exactly N complete messages.
+# Every run also ends with a line "RESULT target=... mode=... ir_per_frame=
+# ... ir_per_msg=... conns=C1/C2" for scripts (bench/hotpath_bench.sh);
+# C1, C2: the connections that reached fake_broker in the runs of N1 and N2
+# (1 + rebound's readiness probes: a probe more in one run adds its Ir).
 #
 # --binary: the rebound to measure (default: build the tree, Release, in
 # $REBOUND_BENCH_BUILD, default build-rel). fake_broker and pump_client are
@@ -61,8 +87,9 @@
 set -euo pipefail
 . "$(dirname "$0")/bench_lib.sh"
 
-BODY=256 N1=20000 N2=60000 REPEAT=2 TOP=10 TLS=0 TARGET=rebound
-usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K] [--tls] [--haproxy]"
+BODY=256 N1=20000 N2=60000 REPEAT=2 TOP=10 TLS=0 TARGET=rebound MODE=noack
+PREFETCH=100
+usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K] [--tls] [--haproxy] [--mode noack|ack|publish] [--prefetch P]"
 while [ $# -gt 0 ]; do
     case $1 in
         --tls) TLS=1; shift; continue ;;
@@ -76,13 +103,18 @@ while [ $# -gt 0 ]; do
         --large) N2=$2 ;;
         --repeat) REPEAT=$2 ;;
         --top) TOP=$2 ;;
+        --mode) MODE=$2 ;;
+        --prefetch) PREFETCH=$2 ;;
         *) die "$usage" ;;
     esac
     shift 2
 done
-for v in "$BODY" "$N1" "$N2" "$REPEAT" "$TOP"; do
+for v in "$BODY" "$N1" "$N2" "$REPEAT" "$TOP" "$PREFETCH"; do
     [[ $v =~ ^[0-9]+$ ]] || die "$usage"
 done
+case $MODE in noack | ack | publish) ;; *) die "$usage" ;; esac
+[ "$PREFETCH" -le 65535 ] || die "--prefetch P: at most 65535 (basic.qos)"
+
 [ "$N1" -ge 1 ] && [ "$N2" -gt "$N1" ] || die "need 1 <= N1 < N2"
 [ "$REPEAT" -ge 1 ] || die "--repeat R: R >= 1"
 [ "$BODY" -le 131000 ] || die "--body-size B: at most 131000 (one body frame)"
@@ -96,7 +128,12 @@ else
     build rebound fake_broker pump_client
     [ -x "$REBOUND" ] || die "no rebound binary at $REBOUND"
 fi
+# FRAMES_PER_MSG: what pump_client counts a message (read, or written when
+# publishing); FWD_PER_MSG: what the proxy forwards a message, both ways.
 FRAMES_PER_MSG=$((BODY > 0 ? 3 : 2))
+FWD_PER_MSG=$FRAMES_PER_MSG
+[ "$MODE" = ack ] && FWD_PER_MSG=$((FRAMES_PER_MSG + 1))
+pump_mode_args "$MODE" "$PREFETCH" "$BODY"
 FAKE_TLS=() CLIENT_TLS=()
 if [ "$TLS" = 1 ]; then
     CERTS=$WORK/certs
@@ -128,31 +165,15 @@ proxy_cmd() {
     fi
 }
 
-# listening PORT: something listens on 127.0.0.1:PORT (asked of the kernel,
-# not by connecting: a probe connection would be a session rebound counts).
-listening() {
-    [ -n "$(ss -Hltn "sport = :$1" 2>/dev/null)" ]
-}
-
 # one_run N TAG: sets RUN_IR, RUN_MEM (Ir in memcpy/memmove), RUN_FRAMES
 # and RUN_CONNS (connections that sent fake_broker the protocol header:
 # the session and the probes); the callgrind file is
 # $WORK/cg.TAG.out.
 one_run() {
-    local n=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i line frames ir rc
+    local n=$1 tag=$2 fake_pid rb_pid fake_port rb_port i line frames ir rc
     local out=$WORK/cg.$tag.out
-    "$BUILD/bench/fake_broker" --listen 127.0.0.1:0 --messages "$n" \
-        --body-size "$BODY" --timeout 900 "${FAKE_TLS[@]}" >"$WORK/fake.$tag.out" \
-        2>"$WORK/fake.$tag.log" &
-    fake_pid=$!
-    PIDS+=("$fake_pid")
-    for ((i = 0; i < 100; i++)); do
-        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out" 2>/dev/null || true)
-        [ -n "$fake_port" ] && break
-        kill -0 "$fake_pid" 2>/dev/null || die "fake_broker exited: $(cat "$WORK/fake.$tag.log")"
-        sleep 0.1
-    done
-    [ -n "$fake_port" ] || die "fake_broker did not say where it listens"
+    start_fake_broker "$tag" --messages "$n" --body-size "$BODY" "${FAKE_TLS[@]}"
+    fake_pid=$FAKE_PID fake_port=$FAKE_PORT
 
     rb_port=$(free_port)
     local cmd
@@ -176,13 +197,11 @@ one_run() {
     fi
 
     line=$("$BUILD/bench/pump_client" --port "$rb_port" --messages "$n" \
-        --seconds 600 --label "$tag" "${CLIENT_TLS[@]}" | grep '^RESULT') || true
+        --seconds 600 --label "$tag" "${CLIENT_TLS[@]}" "${PUMP_MODE_ARGS[@]}" |
+        grep '^RESULT') || true
     echo "$line" >>"$WORK/results.txt"
-    [[ $line == *" status=ok "* ]] || die "pump_client: ${line:-no result}"
+    check_pump_line "$MODE" "$n" "$FRAMES_PER_MSG" "$line"
     frames=$(echo "$line" | sed -n 's/.* frames=\([0-9]*\).*/\1/p')
-    [ "$frames" = $((n * FRAMES_PER_MSG)) ] ||
-        die "pump_client counted $frames frames, expected $((n * FRAMES_PER_MSG))"
-    [[ $line == *" extra=0"* ]] || die "frames after the last message: $line"
 
     kill -TERM "$rb_pid"
     rc=0
@@ -197,8 +216,7 @@ one_run() {
     PIDS=()
     [ "$TARGET" = haproxy ] && [ "$rc" = 143 ] && rc=0
     [ "$rc" = 0 ] || { tail -n 20 "$WORK/rebound.$tag.log" >&2; die "$TARGET exited with $rc"; }
-    grep -q "($n messages) written" "$WORK/fake.$tag.log" ||
-        die "fake_broker: $(cat "$WORK/fake.$tag.log")"
+    check_fake_log "$MODE" "$n" "$FRAMES_PER_MSG" "$WORK/fake.$tag.log"
     RUN_CONNS=$(sed -n 's/.* \([0-9]*\) sent the protocol header.*/\1/p' "$WORK/fake.$tag.log")
     ir=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
     [ -n "$ir" ] || die "no totals line in $out"
@@ -213,18 +231,10 @@ one_run() {
 # seconds after it listens (only its readiness probe works); sets RUN_IR
 # and RUN_CONNS (the probes that sent fake_broker the protocol header).
 idle_run() {
-    local secs=$1 tag=$2 fake_pid rb_pid fake_port="" rb_port i rc=0 cmd
+    local secs=$1 tag=$2 fake_pid rb_pid fake_port rb_port i rc=0 cmd
     local out=$WORK/cg.$tag.out
-    "$BUILD/bench/fake_broker" --listen 127.0.0.1:0 --timeout 900 "${FAKE_TLS[@]}" \
-        >"$WORK/fake.$tag.out" 2>"$WORK/fake.$tag.log" &
-    fake_pid=$!
-    PIDS+=("$fake_pid")
-    for ((i = 0; i < 100; i++)); do
-        fake_port=$(sed -n 's/^LISTENING //p' "$WORK/fake.$tag.out" 2>/dev/null || true)
-        [ -n "$fake_port" ] && break
-        sleep 0.1
-    done
-    [ -n "$fake_port" ] || die "fake_broker did not say where it listens"
+    start_fake_broker "$tag" "${FAKE_TLS[@]}"
+    fake_pid=$FAKE_PID fake_port=$FAKE_PORT
     rb_port=$(free_port)
     cmd=$(proxy_cmd "$rb_port" "$fake_port" "$tag")
     # shellcheck disable=SC2086 # split on spaces on purpose
@@ -261,6 +271,11 @@ else
 fi
 echo "# $(valgrind --version), gcc $(gcc -dumpfullversion 2>/dev/null)"
 [ "$TLS" = 1 ] && echo "# TLS on both sides: pump_client -TLS-> $TARGET -TLS-> fake_broker ($(openssl version))"
+case $MODE in
+    noack) echo "# mode noack: deliveries broker -> client, no acks" ;;
+    ack) echo "# mode ack, prefetch $PREFETCH: deliveries broker -> client, one basic.ack each client -> broker" ;;
+    publish) echo "# mode publish: basic.publish + header + body client -> broker, no confirms" ;;
+esac
 echo "# body $BODY B ($FRAMES_PER_MSG frames a message), N1 $N1, N2 $N2, $REPEAT run(s) each"
 : >"$WORK/results.txt"
 declare -A IRS MEMS SETS CONNS
@@ -285,11 +300,14 @@ if [ "$TLS" = 1 ] && [ "$TARGET" = rebound ]; then
     echo "# one readiness probe (TCP, TLS handshake, header, connection.start): ${PER_PROBE:-?} Ir"
 fi
 
-"$PY" - "$N1" "$N2" "$FRAMES_PER_MSG" "${IRS[$N1]}" "${IRS[$N2]}" \
+"$PY" - "$N1" "$N2" "$FWD_PER_MSG" "${IRS[$N1]}" "${IRS[$N2]}" \
     "${MEMS[$N1]}" "${MEMS[$N2]}" "${SETS[$N1]}" "${SETS[$N2]}" "$TLS" \
-    "${CONNS[$N1]}" "${CONNS[$N2]}" "$PER_PROBE" <<'EOF'
+    "${CONNS[$N1]}" "${CONNS[$N2]}" "$PER_PROBE" "$MODE" "$FRAMES_PER_MSG" \
+    "$TARGET" "$BODY" "$PREFETCH" "$WORK/result.line" <<'EOF'
 import statistics as st, sys
 n1, n2, fpm = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+mode, counted = sys.argv[14], int(sys.argv[15])
+target, body, prefetch = sys.argv[16], sys.argv[17], sys.argv[18]
 ir1 = [int(x) for x in sys.argv[4].split()]
 ir2 = [int(x) for x in sys.argv[5].split()]
 mem1 = [int(x) for x in sys.argv[6].split()]
@@ -312,6 +330,14 @@ print()
 print(f"Ir(N1={n1}) = {m1:,.0f}  runs: {' '.join(f'{x:,}' for x in ir1)}  ({spread(ir1)})")
 print(f"Ir(N2={n2}) = {m2:,.0f}  runs: {' '.join(f'{x:,}' for x in ir2)}  ({spread(ir2)})")
 per = (m2 - m1) / (f2 - f1)
+if mode == "ack":
+    print(f"forwarded frames = {counted} N deliveries (broker -> client) + N acks "
+          f"(client -> broker) = {fpm} N")
+    print(f"Ir per delivered message = ({m2:,.0f} - {m1:,.0f}) / ({n2} - {n1}) = "
+          f"{(m2 - m1) / (n2 - n1):.0f}")
+elif mode == "publish":
+    print(f"forwarded frames = {fpm} N (client -> broker: basic.publish + header"
+          f"{' + body' if fpm == 3 else ''})")
 print(f"Ir per forwarded frame = ({m2:,.0f} - {m1:,.0f}) / ({f2} - {f1}) = {per:.1f}"
       f"  (per message: {per * fpm:.0f})")
 if len(ir1) > 1 and len(ir2) > 1:
@@ -334,6 +360,15 @@ if per_probe is not None:
         hi = max((b - a - (cb - ca) * per_probe) for b, cb in zip(ir2, conns2)
                  for a, ca in zip(ir1, conns1)) / (f2 - f1)
         print(f"  from the extreme runs: {lo:.1f} .. {hi:.1f}")
+    corr = f" ir_per_frame_without_probes={corr:.1f}"
+else:
+    corr = ""
+with open(sys.argv[19], "w") as out:  # printed last
+    print(f"RESULT target={target} mode={mode} body={body}"
+          f"{' prefetch=' + prefetch if mode == 'ack' else ''} n1={n1} n2={n2}"
+          f" frames_per_msg={fpm} ir_per_frame={per:.1f} ir_per_msg={per * fpm:.0f}"
+          f" memcpy_per_frame={mem:.1f}{corr}"
+          f" conns={','.join(map(str, conns1))}/{','.join(map(str, conns2))}", file=out)
 EOF
 
 echo
@@ -346,7 +381,7 @@ callgrind_annotate "$WORK/cg.$N2.1.out" 2>/dev/null |
 
 echo
 echo "# top $TOP functions by self Ir per forwarded frame, (run N=$N2 #1 - run N=$N1 #1) / frames:"
-"$PY" - "$WORK/cg.$N1.1.out" "$WORK/cg.$N2.1.out" $(((N2 - N1) * FRAMES_PER_MSG)) "$TOP" <<'EOF'
+"$PY" - "$WORK/cg.$N1.1.out" "$WORK/cg.$N2.1.out" $(((N2 - N1) * FWD_PER_MSG)) "$TOP" <<'EOF'
 import re, subprocess, sys
 def self_ir(path):
     out = subprocess.run(["callgrind_annotate", "--threshold=100", path],
@@ -370,3 +405,6 @@ total = sum(v for v, _ in rows)
 for v, k in rows[::-1][:top]:
     print(f"{v:9.1f} ({v / total * 100:5.1f}%)  {k}")
 EOF
+
+echo
+cat "$WORK/result.line"

@@ -12,6 +12,16 @@
  * written --messages N deliveries to it (then the connection stays open and
  * quiet until the client closes it). Nothing is ever stored.
  *
+ * Acknowledgements: a consumer without no-ack gets the prefetch count of
+ * the last basic.qos on its channel (0: no limit) and never more than that
+ * many deliveries outstanding; basic.ack (one tag, or multiple: every tag
+ * up to it) frees room and the flood goes on (deliveries are still written
+ * in blocks, as many as there is room for). No-ack consumers ignore
+ * basic.qos, as RabbitMQ does.
+ *
+ * Publishes: every complete basic.publish (method, content header, all the
+ * body bytes) is counted, and acknowledged on a confirm channel.
+ *
  * One thread, poll(2), non-blocking sockets. Links nothing of rebound.
  *
  *   fake_broker [--listen 127.0.0.1:PORT] [--body-size N] [--messages N]
@@ -20,7 +30,8 @@
  * (port 0 picks one). Exits after --timeout seconds (default 900) or on
  * SIGTERM/SIGINT, saying on stderr what it wrote, how many connections it
  * accepted and how many of them got as far as the protocol header (over
- * TLS: finished the handshake).
+ * TLS: finished the handshake), then on a second line the acks and the
+ * publishes it received.
  *
  * --tls-cert/--tls-key: every connection speaks TLS (OpenSSL, non-blocking;
  * TLS 1.2 at least, no session tickets and no session cache, as RabbitMQ
@@ -43,6 +54,15 @@
 
 enum { P_HEADER, P_START_OK, P_TUNE_OK, P_OPEN, P_OPEN_DONE };
 
+/* Delivery tags not yet acknowledged: tags base .. base + len - 1, each
+ * with a flag (done[off + i] for tag base + i: acknowledged already, out
+ * of order); `outstanding` counts those not acknowledged. */
+typedef struct ack_window {
+  uint8_t *done;
+  size_t off, len, cap;
+  uint64_t base, outstanding;
+} ack_window;
+
 typedef struct conn {
   int fd;
   SSL *ssl;             /* NULL: plain TCP */
@@ -62,6 +82,16 @@ typedef struct conn {
   size_t msg_bytes;   /* one message (all three frames) in the block */
   size_t block_msgs;  /* messages in the block as it is now */
   uint64_t msgs_left; /* with --messages: deliveries still to write */
+  /* acknowledgements (consumer without no-ack) */
+  bool manual_ack;       /* the consumer acknowledges (not no-ack) */
+  uint32_t prefetch;     /* deliveries outstanding at most; 0: no limit */
+  uint16_t qos_ch;       /* the last basic.qos: its channel, */
+  uint32_t qos_prefetch; /* and its prefetch count */
+  ack_window unacked;    /* the deliveries written, not yet acknowledged */
+  /* publishes: the content of the basic.publish being received */
+  bool pub_open;          /* basic.publish seen, content not complete */
+  bool pub_header;        /* its content header seen */
+  uint64_t pub_body_left; /* body bytes still to come */
   /* publisher confirms, a few channels */
   uint16_t confirm_ch[8];
   uint64_t confirm_seq[8];
@@ -72,6 +102,8 @@ static size_t block_target = 64 * 1024;
 static uint64_t max_messages; /* per consumer; 0: no limit */
 static volatile sig_atomic_t stop;
 static uint64_t frames_flooded, messages_flooded, conns_accepted, conns_amqp;
+static uint64_t acks_received, deliveries_acked, acks_unknown;
+static uint64_t messages_published, frames_published;
 static SSL_CTX *tls_ctx; /* --tls-cert: every connection speaks TLS */
 
 static void on_signal(int sig) {
@@ -86,7 +118,68 @@ static void conn_free(conn *c) {
   free(c->out.p);
   free(c->block.p);
   free(c->tag_offs);
+  free(c->unacked.done);
   free(c);
+}
+
+/* ---- acknowledgements ---------------------------------------------------- */
+
+/* Tags first .. first + n - 1 are being delivered. */
+static void window_add(ack_window *w, uint64_t first, size_t n) {
+  if (w->len == 0) {
+    w->base = first;
+    w->off = 0;
+  }
+  if (w->off + w->len + n > w->cap) {
+    if (w->len > 0) /* compact, then grow */
+      memmove(w->done, w->done + w->off, w->len);
+    w->off = 0;
+    while (w->len + n > w->cap) {
+      w->cap = w->cap ? w->cap * 2 : 1024;
+      w->done = realloc(w->done, w->cap);
+      if (!w->done)
+        exit(1);
+    }
+  }
+  memset(w->done + w->off + w->len, 0, n);
+  w->len += n;
+  w->outstanding += n;
+}
+
+/* basic.ack: `tag`, or with `multiple` every tag up to it (0: all). */
+static void window_ack(ack_window *w, uint64_t tag, bool multiple) {
+  acks_received++;
+  if (multiple && tag == 0)
+    tag = w->base + w->len - 1;
+  if (w->len == 0 || tag < w->base || tag >= w->base + w->len) {
+    acks_unknown++;
+    return;
+  }
+  size_t i = (size_t)(tag - w->base);
+  for (size_t k = multiple ? 0 : i; k <= i; k++) {
+    uint8_t *d = &w->done[w->off + k];
+    if (*d) {
+      if (!multiple)
+        acks_unknown++; /* acknowledged twice */
+      continue;
+    }
+    *d = 1;
+    w->outstanding--;
+    deliveries_acked++;
+  }
+  while (w->len > 0 && w->done[w->off]) { /* drop the acknowledged prefix */
+    w->off++;
+    w->len--;
+    w->base++;
+  }
+}
+
+/* Deliveries to write now: the rest of the block (its tags count as
+ * outstanding already), or room for a new one (always without a prefetch
+ * limit: no-ack, or prefetch 0). */
+static bool can_deliver(const conn *c) {
+  return c->flooding && (c->block.off < c->block.len || !c->prefetch ||
+                         c->unacked.outstanding < c->prefetch);
 }
 
 /* ---- what the server says ----------------------------------------------- */
@@ -156,11 +249,19 @@ static void build_block(conn *c, const char *ctag) {
 }
 
 /* The next block of deliveries: new tags; with --messages, no more
- * messages than are left (the last block is cut at a message boundary). */
+ * messages than are left, and with a prefetch limit no more than there is
+ * room for (the block is cut at a message boundary). */
 static void refill_block(conn *c) {
   size_t n = c->ntags;
   if (max_messages && c->msgs_left < n)
     n = (size_t)c->msgs_left;
+  if (c->manual_ack) {
+    uint64_t out = c->unacked.outstanding;
+    uint64_t room = out < c->prefetch ? c->prefetch - out : 0;
+    if (c->prefetch && room < n)
+      n = (size_t)room;
+    window_add(&c->unacked, c->next_tag + 1, n);
+  }
   for (size_t i = 0; i < n; i++)
     ba_set_u64(c->block.p + c->tag_offs[i], ++c->next_tag);
   if (max_messages)
@@ -234,7 +335,11 @@ static void handle_method(conn *c, const ba_frame *f) {
     if (f->size < 5 || !(a[0] & 1))
       ba_method0(&c->out, ch, BA_MID(85, 11));
     break;
-  case BA_MID(60, 10): /* basic.qos */
+  case BA_MID(60, 10): /* basic.qos: prefetch-size, prefetch-count, global */
+    if (f->size >= 10) {
+      c->qos_ch = ch;
+      c->qos_prefetch = ba_get_u16(a + 4);
+    }
     ba_method0(&c->out, ch, BA_MID(60, 11));
     break;
   case BA_MID(50, 10): { /* queue.declare */
@@ -270,6 +375,9 @@ static void handle_method(conn *c, const ba_frame *f) {
       c->flooding = true;
       c->flood_ch = ch;
       c->msgs_left = max_messages;
+      /* no-ack (bit 1) consumers ignore basic.qos */
+      c->manual_ack = !(*bits & 2);
+      c->prefetch = c->manual_ack && c->qos_ch == ch ? c->qos_prefetch : 0;
       build_block(c, name);
       refill_block(c);
     }
@@ -287,7 +395,16 @@ static void handle_method(conn *c, const ba_frame *f) {
     }
     break;
   }
+  case BA_MID(60, 80): /* basic.ack: delivery-tag, multiple */
+    if (f->size >= 13 && c->manual_ack && c->flood_ch == ch)
+      window_ack(&c->unacked, ba_get_u64(a), a[8] & 1);
+    else
+      acks_received++;
+    break;
   case BA_MID(60, 40): /* basic.publish: ack it on a confirm channel */
+    frames_published++;
+    c->pub_open = true;
+    c->pub_header = false;
     for (int i = 0; i < 8; i++)
       if (c->confirm_ch[i] == ch) {
         size_t at = ba_method_begin(&c->out, ch, BA_MID(60, 80));
@@ -298,7 +415,26 @@ static void handle_method(conn *c, const ba_frame *f) {
       }
     break;
   default:
-    break; /* acks, nacks, close-ok, ...: nothing to say */
+    break; /* nacks, close-ok, ...: nothing to say */
+  }
+}
+
+/* A content header or body frame: the content of a basic.publish (the
+ * message counts once all its body bytes are in). */
+static void handle_content(conn *c, const ba_frame *f) {
+  if (!c->pub_open)
+    return;
+  frames_published++;
+  if (f->type == BA_FRAME_HEADER && !c->pub_header && f->size >= 12) {
+    c->pub_header = true;
+    c->pub_body_left = ba_get_u64(f->payload + 4);
+  } else if (f->type == BA_FRAME_BODY && c->pub_header) {
+    c->pub_body_left -= f->size < c->pub_body_left ? f->size : c->pub_body_left;
+  } else
+    return;
+  if (c->pub_body_left == 0) {
+    c->pub_open = false;
+    messages_published++;
   }
 }
 
@@ -372,6 +508,8 @@ static int conn_read(conn *c) {
         break;
       if (f.type == BA_FRAME_METHOD)
         handle_method(c, &f);
+      else if (f.type == BA_FRAME_HEADER || f.type == BA_FRAME_BODY)
+        handle_content(c, &f);
       pos += (size_t)k;
     }
     memmove(c->in, c->in + pos, c->in_len - pos);
@@ -389,7 +527,7 @@ static int conn_write(conn *c) {
       b = &c->block; /* finish a started block first */
     else if (c->out.off < c->out.len)
       b = &c->out;
-    else if (c->flooding) {
+    else if (can_deliver(c)) {
       if (c->block.off == c->block.len)
         refill_block(c);
       b = &c->block;
@@ -416,7 +554,7 @@ static int conn_write(conn *c) {
 }
 
 static bool conn_wants_write(const conn *c) {
-  return c->ssl_wants_write || c->out.off < c->out.len || c->flooding ||
+  return c->ssl_wants_write || c->out.off < c->out.len || can_deliver(c) ||
          (c->block.off > 0 && c->block.off < c->block.len);
 }
 
@@ -562,6 +700,14 @@ int main(int argc, char **argv) {
           (unsigned long long)frames_flooded,
           (unsigned long long)messages_flooded,
           (unsigned long long)conns_accepted, (unsigned long long)conns_amqp);
+  fprintf(
+      stderr,
+      "fake_broker: received %llu acks (%llu deliveries acknowledged, "
+      "%llu acks of unknown tags), %llu messages published "
+      "(%llu publish frames)\n",
+      (unsigned long long)acks_received, (unsigned long long)deliveries_acked,
+      (unsigned long long)acks_unknown, (unsigned long long)messages_published,
+      (unsigned long long)frames_published);
   SSL_CTX_free(tls_ctx);
   return 0;
 }
