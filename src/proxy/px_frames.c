@@ -321,6 +321,20 @@ static int decode_or_close(px_session *s, const amqp_frame *f, uint32_t id,
 }
 
 /* Methods that tell which deliveries exist and what happens to them. */
+/* The common basic.ack (delivery tag, then a multiple flag) read in place;
+ * false: another shape, for the full decode to judge. */
+static bool settle_in_place(px_session *s, px_chan *c, const amqp_frame *f) {
+  if (f->payload.len != 4 + 8 + 1)
+    return false;
+  amqp_reader r = amqp_reader_make(f->payload.ptr + 4, 9);
+  uint64_t tag = amqp_get_u64(&r);
+  uint8_t bits = amqp_get_u8(&r);
+  if (bits > 1)
+    return false;
+  px_track_settle(s, c, tag, bits);
+  return true;
+}
+
 static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
                                uint32_t id) {
   amqp_method m;
@@ -342,6 +356,8 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
     return PX_FORWARD;
   }
   case AMQP_BASIC_ACK:
+    if (!c->track.nexpired && settle_in_place(s, c, f))
+      return PX_FORWARD;
     if (c->track.nexpired) {
       int act = decode_or_close(s, f, id, &m);
       if (act == PX_FORWARD)

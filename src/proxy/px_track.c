@@ -88,6 +88,15 @@ static uint32_t dl_lower_bound(const px_track *t, uint64_t tag) {
 
 px_delivery *px_track_find(px_chan *c, uint64_t tag) {
   const px_track *t = &c->track;
+  if (!t->dl.r.n)
+    return NULL;
+  /* tags mostly follow one another: try the index they would have */
+  uint64_t first = px_dl_at(t, 0)->tag;
+  if (tag >= first && tag - first < t->dl.r.n) {
+    px_delivery *d = px_dl_at(t, (uint32_t)(tag - first));
+    if (d->tag == tag)
+      return d->state != PX_DL_GONE ? d : NULL;
+  }
   uint32_t i = dl_lower_bound(t, tag);
   if (i == t->dl.r.n)
     return NULL;
@@ -191,11 +200,12 @@ static bool dl_make_room(px_track *t) {
 
 /* Copy the names a copy's headers need: queue NUL exchange NUL key NUL
  * (each at most 255 bytes: shortstrs and a queue name). */
-static char *dl_names(px_delivery *d, const char *queue, amqp_bytes exchange,
-                      amqp_bytes routing_key) {
+static char *dl_names(px_track *t, px_delivery *d, const char *queue,
+                      amqp_bytes exchange, amqp_bytes routing_key) {
   size_t ql = strlen(queue);
   d->names_len = (uint16_t)(ql + exchange.len + routing_key.len + 3);
-  char *p = malloc(d->names_len);
+  char *p = malloc(d->names_len + (size_t)t->content_hint);
+  t->capture_room = p ? t->content_hint : 0;
   if (!p)
     return NULL;
   memcpy(p, queue, ql + 1);
@@ -228,7 +238,7 @@ static px_delivery *new_delivery(px_session *s, px_chan *c, uint64_t tag,
   d->gen = gen;
   d->qid = qid;
   d->delivered_us = px_server_now_us(s->srv);
-  if (!rule || !(d->names = dl_names(d, queue, exchange, routing_key)))
+  if (!rule || !(d->names = dl_names(t, d, queue, exchange, routing_key)))
     return d;
   d->rule = rule;
   d->state = PX_DL_CAPTURE;
@@ -237,6 +247,12 @@ static px_delivery *new_delivery(px_session *s, px_chan *c, uint64_t tag,
 }
 
 /* Header and body frames of the delivery being captured (the newest). */
+/* A delivery's names are allocated with room for a content the size of
+ * the channel's last one, up to this; a room more than PX_CONTENT_SLACK
+ * too large is given back. */
+#define PX_CONTENT_HINT_MAX (16 * 1024)
+#define PX_CONTENT_SLACK 64
+
 static void capture_body(px_delivery *d, amqp_bytes b) {
   uint64_t n = b.len;
   if (n > d->body_len - d->body_have)
@@ -263,7 +279,13 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
       t->capture = 0;
       return;
     }
-    char *all = realloc(d->names, d->names_len + need);
+    /* the room allocated with the names, unless it is short or more than
+     * PX_CONTENT_SLACK too much (kept memory stays near the content's) */
+    char *all =
+        need <= t->capture_room && t->capture_room - need <= PX_CONTENT_SLACK
+            ? d->names
+            : realloc(d->names, d->names_len + need);
+    t->content_hint = need < PX_CONTENT_HINT_MAX ? (uint32_t)need : 0;
     if (!all) {
       cache_unreserve(s, need);
       uncache(s, d, "out of memory");
@@ -504,17 +526,25 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
       d->cid = k->cid;
     return false;
   }
-  if (amqp_method_decode_flags(payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
-      AMQP_OK) {
-    c->track.lost = true;
-    return false;
+  /* the rest read in place: redelivered, exchange, routing key; any other
+   * shape goes through the full decode, which judges it */
+  uint8_t bits = amqp_get_u8(&r);
+  amqp_bytes ex = amqp_get_shortstr(&r), rk = amqp_get_shortstr(&r);
+  if (r.failed || r.left || bits > 1) {
+    if (amqp_method_decode_flags(payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=
+        AMQP_OK) {
+      c->track.lost = true;
+      return false;
+    }
+    bits = (uint8_t)m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u;
+    ex = m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b;
+    rk = m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b;
   }
-  d = new_delivery(s, c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue,
-                   m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b,
-                   m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b);
+  d = new_delivery(s, c, tag, s->srv->cfg_gen, k->qid, k->rule, k->queue, ex,
+                   rk);
   if (d) {
     d->cid = k->cid;
-    if (m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u)
+    if (bits)
       d->flags |= PX_DLF_REDELIVERED;
   }
   return true; /* kept for retry: rebound's channel is wanted */

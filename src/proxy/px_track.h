@@ -104,6 +104,11 @@ typedef struct px_track {
   px_dlq dl;
   uint64_t capture; /* tag of the newest delivery, whose content is
                        arriving and being kept; 0: none */
+  /* The content size of the channel's last kept delivery (at most
+   * PX_CONTENT_HINT_MAX): a delivery's names are allocated with that much
+   * room behind them, so its content mostly needs no second allocation;
+   * capture_room is what the delivery being captured got. */
+  uint32_t content_hint, capture_room;
   uint32_t retries_pending;
   uint32_t defers_pending; /* requeues waiting for their delay */
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
