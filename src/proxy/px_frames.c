@@ -753,10 +753,27 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   return PX_FORWARD;
 }
 
+/* basic.deliver to a client channel, the one method of every message:
+ * its content is announced, the delivery tracked. */
+static int upstream_deliver(px_session *s, const amqp_frame *f, uint8_t *raw) {
+  px_chan *c = px_tab_get(&s->by_up, f->channel);
+  if (!c)
+    return PX_FORWARD;
+  c->u2c = PX_CONTENT_HEADER;
+  if (px_track_deliver(s, c, f->payload))
+    px_own_want(s);
+  if (c->up_ch != c->client_ch)
+    px_chan_renumber(raw, c->client_ch);
+  return PX_FORWARD;
+}
+
 int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
-  if ((f->type == AMQP_FRAME_HEADER || f->type == AMQP_FRAME_BODY) &&
-      !px_life_telling_client(s) && s->phase != PX_PHASE_CLIENT_GONE &&
-      f->channel != 0 && f->channel != s->own_ch)
+  bool plain = !px_life_telling_client(s) && s->phase != PX_PHASE_CLIENT_GONE &&
+               f->channel != 0 && f->channel != s->own_ch;
+  if (plain && (f->type == AMQP_FRAME_HEADER || f->type == AMQP_FRAME_BODY))
     return upstream_content_frame(s, f, raw);
+  if (plain && f->type == AMQP_FRAME_METHOD &&
+      amqp_method_peek_id(f->payload) == AMQP_BASIC_DELIVER)
+    return upstream_deliver(s, f, raw);
   return upstream_frame(s, f, raw);
 }
