@@ -39,8 +39,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (amqp_protocol_header_parse(data, size) == AMQP_PROTOCOL_HEADER_SIZE)
     off = AMQP_PROTOCOL_HEADER_SIZE;
   for (;;) {
-    amqp_frame f;
+    amqp_frame f, full;
     long n = amqp_frame_parse(data + off, size - off, frame_max, &f);
+    /* the inline parse and the full check agree on every input */
+    if (amqp__frame_parse(data + off, size - off, frame_max, &full) != n ||
+        (n > 0 && (full.type != f.type || full.channel != f.channel ||
+                   full.payload.ptr != f.payload.ptr ||
+                   full.payload.len != f.payload.len)))
+      abort();
     if (n <= 0)
       break;
     check_frame(data + off, size - off, frame_max, n, &f);
