@@ -1187,7 +1187,6 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
       requeue_or_defer(s, c, d, is_reject, false, why);
   }
   px_track_tidy(c);
-  t->capture = 0;
   if (t->retries_pending || t->defers_pending)
     c->held = true; /* later frames of this channel wait for the acks */
   return PX_DROP;
@@ -1207,7 +1206,6 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
     requeue_or_defer(s, c, d, is_reject, retry, why);
   }
   px_track_tidy(c);
-  t->capture = 0;
   if (t->retries_pending || t->defers_pending)
     c->held = true;
   return PX_DROP;

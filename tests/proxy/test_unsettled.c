@@ -180,12 +180,48 @@ static void test_holes_squeezed(void **state) {
   check(h, want);
 }
 
+/* A nack while the next delivery's content is still arriving: that
+ * delivery is still kept whole, and its own nack becomes a copy too (it
+ * used to pass through as a plain requeue). */
+static void test_nack_while_next_arrives(void **state) {
+  harness *h = start(state, 1);
+  hbuf *head = h_buf(h), *body = h_buf(h);
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_DELIVER);
+  m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr("c1");
+  m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = 2;
+  m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
+  m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
+  hb_method(head, 1, &m);
+  hb_header(head, 1, 5, NULL);
+  hb_body(body, 1, "world", 5);
+  h_sendb(h, H_BROKER, head); /* tag 2: its body is still to come */
+  h_settle(h);
+
+  nack_copies(h, 1);
+  h_sendb(h, H_BROKER, body);
+  h_settle(h);
+  h_ack(h, H_BROKER, h->own_ch, 1, false); /* the first copy confirmed */
+  h_settle(h);
+  h_skip(h, H_BROKER);
+
+  nack_copies(h, 2); /* a copy, not the client's nack passed on */
+  bool want[MAXTAG + 1] = {false};
+  want[2] = true; /* until its copy is confirmed */
+  check(h, want);
+  h_ack(h, H_BROKER, h->own_ch, 2, false);
+  h_settle(h);
+  want[2] = false;
+  check(h, want);
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_out_of_order_and_multiple, teardown),
       cmocka_unit_test_teardown(test_wrap_then_grow, teardown),
       cmocka_unit_test_teardown(test_holes_squeezed, teardown),
+      cmocka_unit_test_teardown(test_nack_while_next_arrives, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
