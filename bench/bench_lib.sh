@@ -230,11 +230,12 @@ start_fake_broker() {
 }
 
 # pump_mode_args MODE PREFETCH BODY: pump_client's flags for a workload
-# (noack, ack, publish) in the array PUMP_MODE_ARGS.
+# (noack, ack, publish, retry) in the array PUMP_MODE_ARGS.
 pump_mode_args() {
     case $1 in
         noack) PUMP_MODE_ARGS=() ;;
         ack) PUMP_MODE_ARGS=(--ack --prefetch "$2") ;;
+        retry) PUMP_MODE_ARGS=(--nack --prefetch "$2") ;;
         publish) PUMP_MODE_ARGS=(--publish --body-size "$3") ;;
         *) die "unknown mode $1" ;;
     esac
@@ -243,7 +244,7 @@ pump_mode_args() {
 # check_pump_line MODE N FRAMES_PER_MSG LINE: dies unless pump_client's
 # RESULT line says it got (or, publishing, wrote) exactly N messages of
 # FRAMES_PER_MSG frames, nothing after the last one, a clean close, and
-# (ack) wrote N acks.
+# (ack) wrote N acks, (retry) N nacks.
 check_pump_line() {
     local mode=$1 n=$2 fpm=$3 line=$4 frames
     [[ $line == *" status=ok "* ]] || die "pump_client: ${line:-no result}"
@@ -254,23 +255,34 @@ check_pump_line() {
     if [ "$mode" = ack ]; then
         [[ $line == *" acks=$n "* ]] || die "pump_client did not write $n acks: $line"
     fi
+    if [ "$mode" = retry ]; then
+        [[ $line == *" nacks=$n "* ]] || die "pump_client did not write $n nacks: $line"
+    fi
 }
 
 # check_fake_log MODE N FRAMES_PER_MSG LOG: dies unless fake_broker's
 # stderr (written when it exits) shows the same: N deliveries written
-# (noack, ack; none publishing), N deliveries acknowledged and no unknown
-# tag (ack; no ack otherwise), N complete messages published of
-# FRAMES_PER_MSG frames each (publish; none otherwise).
+# (noack, ack, retry; none publishing), N deliveries acknowledged and no
+# unknown tag (ack, retry: rebound's acks of the originals; no ack
+# otherwise), N complete messages published of FRAMES_PER_MSG frames each
+# (publish; retry: rebound's copies; none otherwise). retry: also all N
+# copies on a confirm channel (and confirmed), and no basic.nack or
+# basic.reject reached it (each nack became a copy, none fell back).
 check_fake_log() {
     local mode=$1 n=$2 fpm=$3 log=$4
     local written=$n acks="received 0 acks" pub="0 messages published"
+    local conf="received 0 nacks and 0 rejects"
     case $mode in
         ack) acks="received $n acks ($n deliveries acknowledged, 0 acks of unknown tags)" ;;
         publish)
             written=0
             pub="$n messages published ($((n * fpm)) publish frames)" ;;
+        retry) # rebound might ack several originals at once (multiple)
+            acks="($n deliveries acknowledged, 0 acks of unknown tags)"
+            pub="$n messages published ($((n * fpm)) publish frames)"
+            conf="confirmed $n messages published on confirm channels, received 0 nacks and 0 rejects" ;;
     esac
     grep -qF "($written messages) written" "$log" && grep -qF "$acks" "$log" &&
-        grep -qF "$pub" "$log" ||
-        die "fake_broker (expected \"($written messages) written\", \"$acks\", \"$pub\"): $(cat "$log")"
+        grep -qF "$pub" "$log" && grep -qF "$conf" "$log" ||
+        die "fake_broker (expected \"($written messages) written\", \"$acks\", \"$pub\", \"$conf\"): $(cat "$log")"
 }

@@ -4,8 +4,8 @@
 #
 #   bench/callgrind_pump.sh [--binary PATH] [--body-size B] [--small N1]
 #                           [--large N2] [--repeat R] [--top K] [--tls]
-#                           [--haproxy] [--mode noack|ack|publish]
-#                           [--prefetch P]
+#                           [--haproxy] [--mode noack|ack|publish|retry]
+#                           [--prefetch P] [--retry-connection separate|shared]
 #
 # One run of N messages: bench/fake_broker --messages N --body-size B writes
 # exactly N deliveries (basic.deliver + content header + one body frame of
@@ -51,10 +51,38 @@
 #            no confirms, then connection.close / close-ok. The frames
 #            counted are the ones pump_client wrote (checked to be 3 N), and
 #            fake_broker must have received exactly N complete messages.
+#   retry    the retry path (rebound only): pump_client --nack --prefetch P
+#            (default 100): consumes as in ack but answers every delivery
+#            with basic.nack (multiple 0, requeue 1), the nacks of one read
+#            written together. rebound runs with its default policy (every
+#            queue retried) and --retry-tiers 60s --max-attempts 5, so each
+#            nack becomes a copy to the tier queue pump.retry.1m and nothing
+#            is dead-lettered or comes back within the run: rebound opens
+#            its own channel (channel.open, confirm.select), declares the
+#            tier queue once, publishes the copy (basic.publish + content
+#            header with its headers added + body), and once fake_broker
+#            confirms it (basic.ack, one per copy) acks the original on the
+#            consumer's channel; only that ack frees prefetch room at
+#            fake_broker. By default (rebound's default, --retry-connection
+#            separate) the copies go on a second upstream connection rebound
+#            opens per client; --retry-connection shared puts rebound's
+#            channel on the client's own upstream connection. Per message
+#            rebound handles 3 + 1 + 3 + 1 + 1 = 9 frames (2 + 1 + 2 + 1 + 1
+#            = 7 for B = 0): the delivery, the nack, the copy, the confirm,
+#            the ack of the original, so
+#              Ir per retried message = (Ir(N2) - Ir(N1)) / (N2 - N1)
+#              Ir per frame           = that / 9
+#            (checked: pump_client read 3 N frames and wrote N nacks;
+#            fake_broker wrote N deliveries, received N complete copies on a
+#            confirm channel and confirmed each, got N deliveries
+#            acknowledged, no ack of an unknown tag, no nack, no reject).
 # Every run also ends with a line "RESULT target=... mode=... ir_per_frame=
 # ... ir_per_msg=... conns=C1/C2" for scripts (bench/hotpath_bench.sh);
 # C1, C2: the connections that reached fake_broker in the runs of N1 and N2
-# (1 + rebound's readiness probes: a probe more in one run adds its Ir).
+# (the session; rebound's separate retry connection, which it opens once a
+# consumer of a queue its policy covers appears, i.e. in ack and retry
+# mode, unless --retry-connection shared; and rebound's readiness probes:
+# a probe more in one run adds its Ir).
 #
 # --binary: the rebound to measure (default: build the tree, Release, in
 # $REBOUND_BENCH_BUILD, default build-rel). fake_broker and pump_client are
@@ -68,11 +96,15 @@
 # byte once each). rebound: --tls-listen, --upstream amqps://localhost:PORT
 # --upstream-ca; its readiness probe dials the upstream every 2 s (a TLS
 # handshake each), so the connections that reached fake_broker's protocol
-# header are printed per run (1 + the probes; a probe cut short by the
-# shutdown is not counted): a run with more probes has more Ir. The script then
+# header are printed per run (the session, its retry connection in ack
+# and retry mode, and the probes; a probe cut short by the shutdown is not
+# counted): a run with more probes has more Ir. The script then
 # measures what one probe costs (two runs of rebound with no client, 3 s
 # and 13 s: the difference in Ir over the difference in probes) and also
-# prints Ir per frame with the probes taken out. With --tls libc's memset
+# prints Ir per frame with the probes taken out. Without --tls it does the
+# same when the runs of N1 and N2 saw different numbers of connections (a
+# run that lasts longer under callgrind, e.g. --mode retry, may see one
+# probe more). With --tls libc's memset
 # per frame is printed too (OpenSSL's BUF_MEM_grow_clean zeroes what a
 # memory BIO grows by: one Ir per byte under callgrind, like big copies).
 # --haproxy: measure Debian's HAProxy (TCP mode, nbthread 1, no logging;
@@ -88,8 +120,8 @@ set -euo pipefail
 . "$(dirname "$0")/bench_lib.sh"
 
 BODY=256 N1=20000 N2=60000 REPEAT=2 TOP=10 TLS=0 TARGET=rebound MODE=noack
-PREFETCH=100
-usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K] [--tls] [--haproxy] [--mode noack|ack|publish] [--prefetch P]"
+PREFETCH=100 RETRY_CONN=
+usage="usage: $0 [--binary PATH] [--body-size B] [--small N1] [--large N2] [--repeat R] [--top K] [--tls] [--haproxy] [--mode noack|ack|publish|retry] [--prefetch P] [--retry-connection separate|shared]"
 while [ $# -gt 0 ]; do
     case $1 in
         --tls) TLS=1; shift; continue ;;
@@ -105,6 +137,8 @@ while [ $# -gt 0 ]; do
         --top) TOP=$2 ;;
         --mode) MODE=$2 ;;
         --prefetch) PREFETCH=$2 ;;
+        --retry-connection)
+            case $2 in separate | shared) RETRY_CONN=$2 ;; *) die "$usage" ;; esac ;;
         *) die "$usage" ;;
     esac
     shift 2
@@ -112,7 +146,15 @@ done
 for v in "$BODY" "$N1" "$N2" "$REPEAT" "$TOP" "$PREFETCH"; do
     [[ $v =~ ^[0-9]+$ ]] || die "$usage"
 done
-case $MODE in noack | ack | publish) ;; *) die "$usage" ;; esac
+case $MODE in noack | ack | publish | retry) ;; *) die "$usage" ;; esac
+[ "$MODE" = retry ] && [ "$TARGET" = haproxy ] && die "--mode retry: HAProxy has no retry path"
+[ -n "$RETRY_CONN" ] && [ "$MODE" != retry ] && die "--retry-connection goes with --mode retry"
+# rebound's flags for the retry workload: one 60 s tier, nothing dead-lettered
+RETRY_FLAGS=()
+if [ "$MODE" = retry ]; then
+    RETRY_FLAGS=(--retry-tiers 60s --max-attempts 5)
+    [ -n "$RETRY_CONN" ] && RETRY_FLAGS+=(--retry-connection "$RETRY_CONN")
+fi
 [ "$PREFETCH" -le 65535 ] || die "--prefetch P: at most 65535 (basic.qos)"
 
 [ "$N1" -ge 1 ] && [ "$N2" -gt "$N1" ] || die "need 1 <= N1 < N2"
@@ -133,6 +175,8 @@ fi
 FRAMES_PER_MSG=$((BODY > 0 ? 3 : 2))
 FWD_PER_MSG=$FRAMES_PER_MSG
 [ "$MODE" = ack ] && FWD_PER_MSG=$((FRAMES_PER_MSG + 1))
+# retry: the delivery, the nack, the copy, its confirm, the ack of the original
+[ "$MODE" = retry ] && FWD_PER_MSG=$((2 * FRAMES_PER_MSG + 3))
 pump_mode_args "$MODE" "$PREFETCH" "$BODY"
 FAKE_TLS=() CLIENT_TLS=()
 if [ "$TLS" = 1 ]; then
@@ -158,10 +202,10 @@ proxy_cmd() {
         echo "$REBOUND" --listen off --tls-listen "127.0.0.1:$1" \
             --tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server.key" \
             --upstream "amqps://localhost:$2" --upstream-ca "$CERTS/ca.pem" \
-            --admin off --log-level warn
+            --admin off --log-level warn "${RETRY_FLAGS[@]}"
     else
         echo "$REBOUND" --listen "127.0.0.1:$1" --upstream "127.0.0.1:$2" \
-            --admin off --log-level warn
+            --admin off --log-level warn "${RETRY_FLAGS[@]}"
     fi
 }
 
@@ -275,6 +319,7 @@ case $MODE in
     noack) echo "# mode noack: deliveries broker -> client, no acks" ;;
     ack) echo "# mode ack, prefetch $PREFETCH: deliveries broker -> client, one basic.ack each client -> broker" ;;
     publish) echo "# mode publish: basic.publish + header + body client -> broker, no confirms" ;;
+    retry) echo "# mode retry, prefetch $PREFETCH: deliveries broker -> client, a basic.nack (requeue) each; rebound ${RETRY_FLAGS[*]}: a copy to the tier on its own channel (retry connection: ${RETRY_CONN:-default, separate}), confirmed, then the ack of the original" ;;
 esac
 echo "# body $BODY B ($FRAMES_PER_MSG frames a message), N1 $N1, N2 $N2, $REPEAT run(s) each"
 : >"$WORK/results.txt"
@@ -291,19 +336,27 @@ for n in "$N1" "$N2"; do
     done
 done
 PER_PROBE=
-if [ "$TLS" = 1 ] && [ "$TARGET" = rebound ]; then
+# the probes are measured with TLS (a handshake each: they weigh), and
+# without it when the runs of N1 and N2 saw different numbers of them
+conns_sum() { local s=0 c; for c in $1; do s=$((s + c)); done; echo "$s"; }
+if [ "$TARGET" = rebound ] && { [ "$TLS" = 1 ] ||
+    [ "$(conns_sum "${CONNS[$N1]}")" != "$(conns_sum "${CONNS[$N2]}")" ]; }; then
     idle_run 3 idle-short
     ir_a=$RUN_IR c_a=$RUN_CONNS
     idle_run 13 idle-long
     echo "# rebound with no client: Ir $ir_a with $c_a probe(s), $RUN_IR with $RUN_CONNS"
     [ "$RUN_CONNS" -gt "$c_a" ] && PER_PROBE=$(((RUN_IR - ir_a) / (RUN_CONNS - c_a)))
-    echo "# one readiness probe (TCP, TLS handshake, header, connection.start): ${PER_PROBE:-?} Ir"
+    if [ "$TLS" = 1 ]; then
+        echo "# one readiness probe (TCP, TLS handshake, header, connection.start): ${PER_PROBE:-?} Ir"
+    else
+        echo "# one readiness probe (TCP connect, header, connection.start): ${PER_PROBE:-?} Ir"
+    fi
 fi
 
 "$PY" - "$N1" "$N2" "$FWD_PER_MSG" "${IRS[$N1]}" "${IRS[$N2]}" \
     "${MEMS[$N1]}" "${MEMS[$N2]}" "${SETS[$N1]}" "${SETS[$N2]}" "$TLS" \
     "${CONNS[$N1]}" "${CONNS[$N2]}" "$PER_PROBE" "$MODE" "$FRAMES_PER_MSG" \
-    "$TARGET" "$BODY" "$PREFETCH" "$WORK/result.line" <<'EOF'
+    "$TARGET" "$BODY" "$PREFETCH" "$WORK/result.line" "${RETRY_CONN:-default}" <<'EOF'
 import statistics as st, sys
 n1, n2, fpm = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 mode, counted = sys.argv[14], int(sys.argv[15])
@@ -335,6 +388,15 @@ if mode == "ack":
           f"(client -> broker) = {fpm} N")
     print(f"Ir per delivered message = ({m2:,.0f} - {m1:,.0f}) / ({n2} - {n1}) = "
           f"{(m2 - m1) / (n2 - n1):.0f}")
+elif mode == "retry":
+    print(f"frames through rebound = {counted} N deliveries (broker -> client) + N nacks "
+          f"(client -> rebound) + {counted} N copies (rebound -> broker) + N confirms "
+          f"(broker -> rebound) + N acks of originals (rebound -> broker) = {fpm} N")
+    print(f"Ir per retried message = ({m2:,.0f} - {m1:,.0f}) / ({n2} - {n1}) = "
+          f"{(m2 - m1) / (n2 - n1):.0f}")
+    if len(ir1) > 1 and len(ir2) > 1:
+        print(f"  from the extreme runs: {(min(ir2) - max(ir1)) / (n2 - n1):.0f} .. "
+              f"{(max(ir2) - min(ir1)) / (n2 - n1):.0f}")
 elif mode == "publish":
     print(f"forwarded frames = {fpm} N (client -> broker: basic.publish + header"
           f"{' + body' if fpm == 3 else ''})")
@@ -360,14 +422,18 @@ if per_probe is not None:
         hi = max((b - a - (cb - ca) * per_probe) for b, cb in zip(ir2, conns2)
                  for a, ca in zip(ir1, conns1)) / (f2 - f1)
         print(f"  from the extreme runs: {lo:.1f} .. {hi:.1f}")
+    if mode == "retry":
+        print(f"Ir per retried message without the readiness probes = "
+              f"{(m2 - m1 - probes * per_probe) / (n2 - n1):.0f}")
     corr = f" ir_per_frame_without_probes={corr:.1f}"
 else:
     corr = ""
 with open(sys.argv[19], "w") as out:  # printed last
     print(f"RESULT target={target} mode={mode} body={body}"
-          f"{' prefetch=' + prefetch if mode == 'ack' else ''} n1={n1} n2={n2}"
+          f"{' prefetch=' + prefetch if mode in ('ack', 'retry') else ''} n1={n1} n2={n2}"
           f" frames_per_msg={fpm} ir_per_frame={per:.1f} ir_per_msg={per * fpm:.0f}"
           f" memcpy_per_frame={mem:.1f}{corr}"
+          f"{' retry_connection=' + sys.argv[20] if mode == 'retry' else ''}"
           f" conns={','.join(map(str, conns1))}/{','.join(map(str, conns2))}", file=out)
 EOF
 
@@ -380,8 +446,14 @@ callgrind_annotate "$WORK/cg.$N2.1.out" 2>/dev/null |
         on && shown < top { print; shown++ }'
 
 echo
-echo "# top $TOP functions by self Ir per forwarded frame, (run N=$N2 #1 - run N=$N1 #1) / frames:"
-"$PY" - "$WORK/cg.$N1.1.out" "$WORK/cg.$N2.1.out" $(((N2 - N1) * FWD_PER_MSG)) "$TOP" <<'EOF'
+if [ "$MODE" = retry ]; then
+    echo "# top $TOP functions by self Ir per retried message, (run N=$N2 #1 - run N=$N1 #1) / (N2 - N1):"
+    PER_UNITS=$((N2 - N1))
+else
+    echo "# top $TOP functions by self Ir per forwarded frame, (run N=$N2 #1 - run N=$N1 #1) / frames:"
+    PER_UNITS=$(((N2 - N1) * FWD_PER_MSG))
+fi
+"$PY" - "$WORK/cg.$N1.1.out" "$WORK/cg.$N2.1.out" "$PER_UNITS" "$TOP" <<'EOF'
 import re, subprocess, sys
 def self_ir(path):
     out = subprocess.run(["callgrind_annotate", "--threshold=100", path],

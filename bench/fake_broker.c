@@ -4,7 +4,9 @@
  * to connect and consume: connection.start (PLAIN), tune (channel-max 2047,
  * frame-max 131072, heartbeat 0), open-ok; channel.open-ok, confirm
  * select-ok (publishes on a confirm channel are acked one by one),
- * basic.qos-ok, queue.declare-ok, basic.consume-ok, cancel-ok, close-ok.
+ * basic.qos-ok, queue.declare-ok (the queue's name, 0 messages, 0
+ * consumers), exchange.declare-ok, queue.bind-ok, basic.consume-ok,
+ * cancel-ok, close-ok (no -ok when the method says no-wait).
  * After basic.consume it writes basic.deliver + content header
  * (delivery-mode 1) + one body frame of --body-size bytes (default 256; no
  * body frame for 0) to that consumer as fast as the socket takes them, with
@@ -20,18 +22,34 @@
  * basic.qos, as RabbitMQ does.
  *
  * Publishes: every complete basic.publish (method, content header, all the
- * body bytes) is counted, and acknowledged on a confirm channel.
+ * body bytes) is counted, and acknowledged on a confirm channel once it is
+ * complete (basic.ack, the channel's next sequence number, multiple 0):
+ * every message gets its own confirm, as many as a read completed written
+ * together after it. Complete publishes on a confirm channel are counted
+ * apart: with rebound in front of a consumer that nacks with requeue
+ * (bench/pump_client --nack), they are rebound's retry copies, and the
+ * basic.ack it then sends on the consumer's channel are the originals'
+ * (they free prefetch room: a nacked delivery stays outstanding until its
+ * ack). basic.nack and basic.reject from the client are counted, and
+ * otherwise ignored (they free no room).
  *
  * One thread, poll(2), non-blocking sockets. Links nothing of rebound.
  *
  *   fake_broker [--listen 127.0.0.1:PORT] [--body-size N] [--messages N]
  *               [--block BYTES] [--timeout S] [--tls-cert F --tls-key F]
+ *               [--trace]
  * (--body is the same as --body-size.) Prints "LISTENING <port>" once bound
  * (port 0 picks one). Exits after --timeout seconds (default 900) or on
  * SIGTERM/SIGINT, saying on stderr what it wrote, how many connections it
  * accepted and how many of them got as far as the protocol header (over
  * TLS: finished the handshake), then on a second line the acks and the
- * publishes it received.
+ * publishes it received, and on a third the publishes confirmed, the
+ * nacks and rejects received and the queue.declare, exchange.declare and
+ * queue.bind answered.
+ *
+ * --trace: every method received is logged on stderr (connection number,
+ * channel, class.method; the delivery tag and bits of an ack, nack or
+ * reject), to see what a client (rebound) says.
  *
  * --tls-cert/--tls-key: every connection speaks TLS (OpenSSL, non-blocking;
  * TLS 1.2 at least, no session tickets and no session cache, as RabbitMQ
@@ -90,6 +108,7 @@ typedef struct conn {
   ack_window unacked;    /* the deliveries written, not yet acknowledged */
   /* publishes: the content of the basic.publish being received */
   bool pub_open;          /* basic.publish seen, content not complete */
+  uint16_t pub_ch;        /* its channel */
   bool pub_header;        /* its content header seen */
   uint64_t pub_body_left; /* body bytes still to come */
   /* publisher confirms, a few channels */
@@ -104,6 +123,9 @@ static volatile sig_atomic_t stop;
 static uint64_t frames_flooded, messages_flooded, conns_accepted, conns_amqp;
 static uint64_t acks_received, deliveries_acked, acks_unknown;
 static uint64_t messages_published, frames_published;
+static uint64_t messages_confirmed, nacks_received, rejects_received;
+static uint64_t queue_declares, exchange_declares, queue_binds;
+static bool trace;
 static SSL_CTX *tls_ctx; /* --tls-cert: every connection speaks TLS */
 
 static void on_signal(int sig) {
@@ -343,12 +365,15 @@ static void handle_method(conn *c, const ba_frame *f) {
     ba_method0(&c->out, ch, BA_MID(60, 11));
     break;
   case BA_MID(50, 10): { /* queue.declare */
+    /* reserved, queue, bits (passive, durable, exclusive, auto-delete,
+     * no-wait), arguments */
     const uint8_t *q = a + 2, *after = skip_shortstr(q, end);
+    queue_declares++;
     snprintf(name, sizeof name, "%.*s", after ? (int)*q : 0,
              (const char *)q + 1);
     if (!name[0])
       snprintf(name, sizeof name, "amq.gen-fake");
-    if (after && after < end && (*after & 8)) /* no-wait */
+    if (after && after < end && (*after & 16)) /* no-wait */
       break;
     size_t at = ba_method_begin(&c->out, ch, BA_MID(50, 11));
     ba_shortstr(&c->out, name);
@@ -357,6 +382,32 @@ static void handle_method(conn *c, const ba_frame *f) {
     ba_frame_end(&c->out, at);
     break;
   }
+  case BA_MID(40, 10): { /* exchange.declare: reserved, exchange, type,
+                          * bits (passive, durable, auto-delete, internal,
+                          * no-wait), arguments */
+    const uint8_t *x = a + 2, *t = skip_shortstr(x, end);
+    const uint8_t *bits = t ? skip_shortstr(t, end) : NULL;
+    exchange_declares++;
+    if (!bits || bits >= end || !(*bits & 16))
+      ba_method0(&c->out, ch, BA_MID(40, 11));
+    break;
+  }
+  case BA_MID(50, 20): { /* queue.bind: reserved, queue, exchange,
+                          * routing-key, no-wait, arguments */
+    const uint8_t *p = skip_shortstr(a + 2, end);
+    p = p ? skip_shortstr(p, end) : NULL;
+    p = p ? skip_shortstr(p, end) : NULL;
+    queue_binds++;
+    if (!p || p >= end || !(*p & 1))
+      ba_method0(&c->out, ch, BA_MID(50, 21));
+    break;
+  }
+  case BA_MID(60, 120): /* basic.nack */
+    nacks_received++;
+    break;
+  case BA_MID(60, 90): /* basic.reject */
+    rejects_received++;
+    break;
   case BA_MID(60, 20): { /* basic.consume */
     const uint8_t *q = a + 2, *t = skip_shortstr(q, end);
     const uint8_t *bits = t ? skip_shortstr(t, end) : NULL;
@@ -401,18 +452,11 @@ static void handle_method(conn *c, const ba_frame *f) {
     else
       acks_received++;
     break;
-  case BA_MID(60, 40): /* basic.publish: ack it on a confirm channel */
+  case BA_MID(60, 40): /* basic.publish: its content follows */
     frames_published++;
     c->pub_open = true;
     c->pub_header = false;
-    for (int i = 0; i < 8; i++)
-      if (c->confirm_ch[i] == ch) {
-        size_t at = ba_method_begin(&c->out, ch, BA_MID(60, 80));
-        ba_u64(&c->out, ++c->confirm_seq[i]);
-        ba_u8(&c->out, 0);
-        ba_frame_end(&c->out, at);
-        break;
-      }
+    c->pub_ch = ch;
     break;
   default:
     break; /* nacks, close-ok, ...: nothing to say */
@@ -435,6 +479,15 @@ static void handle_content(conn *c, const ba_frame *f) {
   if (c->pub_body_left == 0) {
     c->pub_open = false;
     messages_published++;
+    for (int i = 0; i < 8; i++) /* on a confirm channel: ack it */
+      if (c->confirm_ch[i] && c->confirm_ch[i] == c->pub_ch) {
+        size_t at = ba_method_begin(&c->out, c->pub_ch, BA_MID(60, 80));
+        ba_u64(&c->out, ++c->confirm_seq[i]);
+        ba_u8(&c->out, 0);
+        ba_frame_end(&c->out, at);
+        messages_confirmed++;
+        break;
+      }
   }
 }
 
@@ -506,6 +559,18 @@ static int conn_read(conn *c) {
         return -1;
       if (k == 0)
         break;
+      if (f.type == BA_FRAME_METHOD && trace) {
+        bool tagged =
+            (f.method == BA_MID(60, 80) || f.method == BA_MID(60, 90) ||
+             f.method == BA_MID(60, 120)) &&
+            f.size >= 13;
+        fprintf(stderr, "fake_broker: conn %d channel %u method %u.%u", c->fd,
+                f.channel, f.method >> 16, f.method & 0xffff);
+        if (tagged) /* ack, reject, nack: delivery-tag, bits */
+          fprintf(stderr, " tag %llu bits %u",
+                  (unsigned long long)ba_get_u64(f.payload + 4), f.payload[12]);
+        fputc('\n', stderr);
+      }
       if (f.type == BA_FRAME_METHOD)
         handle_method(c, &f);
       else if (f.type == BA_FRAME_HEADER || f.type == BA_FRAME_BODY)
@@ -561,7 +626,16 @@ static bool conn_wants_write(const conn *c) {
 int main(int argc, char **argv) {
   const char *listen_at = "127.0.0.1:0", *tls_cert = NULL, *tls_key = NULL;
   double timeout = 900;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--trace")) {
+      trace = true;
+      i--;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "fake_broker: %s needs a value\n", argv[i]);
+      return 2;
+    }
     if (!strcmp(argv[i], "--listen"))
       listen_at = argv[i + 1];
     else if (!strcmp(argv[i], "--body") || !strcmp(argv[i], "--body-size"))
@@ -584,7 +658,8 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr, "usage: fake_broker [--listen 127.0.0.1:PORT] "
                       "[--body-size N] [--messages N] [--block BYTES] "
-                      "[--timeout S] [--tls-cert FILE --tls-key FILE]\n");
+                      "[--timeout S] [--tls-cert FILE --tls-key FILE] "
+                      "[--trace]\n");
       return 2;
     }
   }
@@ -594,8 +669,7 @@ int main(int argc, char **argv) {
   }
   if (tls_cert && !(tls_ctx = bt_server_ctx("fake_broker", tls_cert, tls_key)))
     return 1;
-  if ((argc - 1) % 2 || body_size < 0 || body_size > 131000 ||
-      block_target < 1) {
+  if (body_size < 0 || body_size > 131000 || block_target < 1) {
     fprintf(stderr, "fake_broker: bad arguments\n");
     return 2;
   }
@@ -708,6 +782,15 @@ int main(int argc, char **argv) {
       (unsigned long long)acks_received, (unsigned long long)deliveries_acked,
       (unsigned long long)acks_unknown, (unsigned long long)messages_published,
       (unsigned long long)frames_published);
+  fprintf(
+      stderr,
+      "fake_broker: confirmed %llu messages published on confirm "
+      "channels, received %llu nacks and %llu rejects, answered %llu "
+      "queue.declare, %llu exchange.declare, %llu queue.bind\n",
+      (unsigned long long)messages_confirmed,
+      (unsigned long long)nacks_received, (unsigned long long)rejects_received,
+      (unsigned long long)queue_declares, (unsigned long long)exchange_declares,
+      (unsigned long long)queue_binds);
   SSL_CTX_free(tls_ctx);
   return 0;
 }

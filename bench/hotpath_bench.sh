@@ -21,6 +21,12 @@
 #   ack-p10      deliveries (256 B) to a consumer that acks    10000 / 30000
 #   ack-p100     each one (basic.ack, multiple 0, the acks of  10000 / 30000
 #   ack-p1000    a read in one write), prefetch 10, 100, 1000  10000 / 30000
+#   retry        deliveries (256 B) to a consumer that nacks     3000 / 9000
+#                each one (requeue, prefetch 100); rebound
+#                (--retry-tiers 60s --max-attempts 5) publishes
+#                a copy to the tier on its own channel, waits
+#                for the confirm, acks the original (rebound
+#                only: HAProxy has no retry path, shown as —)
 #
 # Callgrind (default): for each workload and proxy, one run of
 # `bench/callgrind_pump.sh --mode M --body-size B [--prefetch P] --small N1
@@ -32,16 +38,22 @@
 #
 # where F is the frames the proxy forwards a message: 3 (method, header,
 # body) for noack and publish; 4 for ack (the 3 of the delivery one way and
-# the basic.ack the other way). Start-up, handshake and shutdown cancel
-# out. Every run is checked (exact frame counts at pump_client, exact
-# counts of deliveries written / acked / messages published at
-# fake_broker, the proxy's exit status); a failed run shows as FAILED and
+# the basic.ack the other way); 9 for retry (the delivery, the client's
+# nack, the copy's 3, the broker's confirm, the ack of the original; the
+# copies go on rebound's separate retry connection, its default). The
+# last column is rebound's Ir per message, F times its Ir per frame (retry:
+# Ir per retried message = (Ir(N2) - Ir(N1)) / (N2 - N1)). Start-up,
+# handshake and shutdown cancel out. Every run is checked (exact frame
+# counts at pump_client, exact counts of deliveries written / acked /
+# messages published (retry: copies confirmed, no nack or reject passed
+# on) at fake_broker, the proxy's exit status); a failed run shows as FAILED and
 # the script exits 1 after the table. HAProxy: Debian's haproxy, TCP mode,
 # nbthread 1, no logging, start-up not counted (callgrind_pump.sh --haproxy).
 # rebound's readiness probe (every 2 s) may add a connection to one run
-# and not the other: conns=C1/C2 in the per-run lines (1 = no probe
-# reached fake_broker) says so. Whole runs differ a little even so: how
-# the kernel splits the streams into reads varies, and what rebound does
+# and not the other: conns=C1/C2 in the per-run lines says so (the
+# connections that reached fake_broker: the session, rebound's retry
+# connection in ack and retry workloads, and its probes; HAProxy: 1). Whole runs differ a little even
+# so: how the kernel splits the streams into reads varies, and what rebound does
 # per delivery (a malloc and a free) costs glibc more or less depending on
 # the heap a run ends up with (ack workloads: about +-8% between runs);
 # --repeat 3 gives means. The default sizes take about a minute in all.
@@ -69,11 +81,12 @@
 # (logs of every run).
 #
 # Output: a markdown table, one row per workload: F, rebound and HAProxy
-# (Ir per frame, or syscalls per 1000 frames), and rebound / HAProxy.
+# (Ir per frame, or syscalls per 1000 frames), rebound / HAProxy, and
+# rebound's Ir (syscalls) per message.
 set -euo pipefail
 . "$(dirname "$0")/bench_lib.sh"
 
-ALL_WORKLOADS=noack-256,noack-16k,publish-256,publish-16k,ack-p10,ack-p100,ack-p1000
+ALL_WORKLOADS=noack-256,noack-16k,publish-256,publish-16k,ack-p10,ack-p100,ack-p1000,retry
 WORKLOADS=$ALL_WORKLOADS TARGETS="rebound haproxy" QUICK=0 SYSCALLS=0
 SC_N=200000 REPEAT=1
 usage="usage: $0 [--binary PATH] [--only rebound|haproxy] [--workloads W,W,...] [--quick] [--repeat R] [--syscalls] [--messages N]"
@@ -107,6 +120,7 @@ workload() {
         publish-16k) W_MODE=publish W_BODY=16384 W_N1=5000 W_N2=15000 ;;
         ack-p10 | ack-p100 | ack-p1000)
             W_MODE=ack W_BODY=256 W_PREFETCH=${1#ack-p} W_N1=10000 W_N2=30000 ;;
+        retry) W_MODE=retry W_BODY=256 W_PREFETCH=100 W_N1=3000 W_N2=9000 ;;
         *) die "unknown workload $1 (known: $ALL_WORKLOADS)" ;;
     esac
     if [ "$QUICK" = 1 ]; then
@@ -114,6 +128,7 @@ workload() {
     fi
     W_FWD=3
     [ "$W_MODE" = ack ] && W_FWD=4
+    [ "$W_MODE" = retry ] && W_FWD=9
     return 0
 }
 IFS=, read -r -a WLS <<<"$WORKLOADS"
@@ -134,7 +149,7 @@ if [[ " $TARGETS " == *" haproxy "* ]]; then
     echo "# haproxy: $(haproxy -v | head -n 1 | cut -d' ' -f1-3) ($(command -v haproxy)), TCP mode, nbthread 1, no logging"
 fi
 
-declare -A VAL DETAIL
+declare -A VAL DETAIL PER_MSG
 FAILED=()
 
 # ---- callgrind --------------------------------------------------------------
@@ -154,6 +169,7 @@ cg_run() {
     if "$ROOT/bench/callgrind_pump.sh" "${args[@]}" >"$log" 2>&1 &&
         line=$(grep '^RESULT target=' "$log"); then
         VAL[$target.$wl]=$(echo "$line" | sed -n 's/.* ir_per_frame=\([0-9.]*\).*/\1/p')
+        PER_MSG[$target.$wl]=$(echo "$line" | sed -n 's/.* ir_per_msg=\([0-9]*\).*/\1/p')
         DETAIL[$target.$wl]="Ir/message $(echo "$line" | sed -n 's/.* ir_per_msg=\([0-9]*\).*/\1/p'), memcpy/memmove per frame $(echo "$line" | sed -n 's/.* memcpy_per_frame=\([0-9.]*\).*/\1/p'), conns $(echo "$line" | sed -n 's/.* conns=\([0-9,\/]*\).*/\1/p'), $((SECONDS - t0)) s"
     else
         VAL[$target.$wl]=FAILED
@@ -172,8 +188,10 @@ start_proxy() {
         haproxy_cfg "127.0.0.1:$PROXY_PORT" "127.0.0.1:$3" >"$WORK/haproxy.$tag.cfg"
         haproxy -db -f "$WORK/haproxy.$tag.cfg" >"$WORK/proxy.$tag.log" 2>&1 &
     else
+        local retry=()
+        [ "$W_MODE" = retry ] && retry=(--retry-tiers 60s --max-attempts 5)
         "$REBOUND" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$3" \
-            --admin off --log-level warn >"$WORK/proxy.$tag.log" 2>&1 &
+            --admin off --log-level warn "${retry[@]}" >"$WORK/proxy.$tag.log" 2>&1 &
     fi
     PROXY_PID=$!
     PIDS+=("$PROXY_PID")
@@ -257,6 +275,7 @@ print(f"{total} calls: " + ", ".join(f"{k} {v / frames * 1000:.2f}" for k, v in 
 EOF
     ) || die "perf output $WORK/perf.$tag.csv: $res"
     VAL[$tag]=$(echo "$res" | head -n 1)
+    PER_MSG[$tag]=$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) * int(sys.argv[2]) / 1000:.2f}")' "${VAL[$tag]}" "$W_FWD")
     DETAIL[$tag]="$(echo "$res" | tail -n 1); $(echo "$line" | sed -n 's/.* secs=\([0-9.]*\).*/\1/p') s of traffic, $((SECONDS - t0)) s in all"
 }
 
@@ -278,6 +297,10 @@ T0=$SECONDS
 for w in "${WLS[@]}"; do
     workload "$w"
     for t in $TARGETS; do
+        if [ "$W_MODE" = retry ] && [ "$t" = haproxy ]; then
+            VAL[$t.$w]=— DETAIL[$t.$w]="no retry path"
+            continue
+        fi
         if [ "$SYSCALLS" = 1 ]; then
             sc_run "$t" "$w"
         else
@@ -289,24 +312,27 @@ done
 
 echo
 if [ "$SYSCALLS" = 1 ]; then
-    unit="syscalls / 1000 frames" n_col="N"
+    unit="syscalls / 1000 frames" n_col="N" msg_unit="syscalls / message"
 else
-    unit="Ir / frame" n_col="N1 / N2"
+    unit="Ir / frame" n_col="N1 / N2" msg_unit="Ir / message"
 fi
-echo "| workload | F | $n_col | rebound $unit | HAProxy $unit | rebound / HAProxy |"
-echo "| --- | --- | --- | --- | --- | --- |"
+echo "| workload | F | $n_col | rebound $unit | HAProxy $unit | rebound / HAProxy | rebound $msg_unit |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
 for w in "${WLS[@]}"; do
     workload "$w"
     r=${VAL[rebound.$w]:--} h=${VAL[haproxy.$w]:--}
     ratio=$("$PY" -c 'import sys
 try: print(f"{float(sys.argv[1]) / float(sys.argv[2]):.1f}x")
 except (ValueError, ZeroDivisionError): print("-")' "$r" "$h")
+    [ "$h" = — ] && ratio=—
     n=$W_N1/$W_N2
     [ "$SYSCALLS" = 1 ] && n=$SC_N
-    echo "| $w | $W_FWD | $n | $r | $h | $ratio |"
+    echo "| $w | $W_FWD | $n | $r | $h | $ratio | ${PER_MSG[rebound.$w]:--} |"
 done
 echo
-echo "F: frames the proxy forwards a message (noack, publish: method + header + body; ack: those 3 + the basic.ack)."
+echo "F: frames the proxy forwards a message (noack, publish: method + header + body; ack: those 3 + the basic.ack;"
+echo "retry: the delivery's 3, the client's nack, the copy's 3, the broker's confirm, the ack of the original)."
+echo "rebound $msg_unit: F times the per-frame figure (retry: per retried message)."
 echo "# $((SECONDS - T0)) s"
 if [ "${#FAILED[@]}" -gt 0 ]; then
     printf 'FAILED: %s\n' "${FAILED[@]}"

@@ -12,6 +12,11 @@
  *   soon as it is complete (header and all its body bytes), the acks of
  *   what one read brought written together in one write after it, as real
  *   clients do. acks=... in the result.
+ * - --nack [--prefetch P]: the same, but every delivery is answered with
+ *   basic.nack (its delivery tag, multiple 0, requeue 1) instead of an
+ *   ack, batched per read the same way: what rebound turns into a retry
+ *   (a copy to a delay tier, then the ack of the original upstream).
+ *   nacks=... in the result.
  * - --publish [--body-size B] --messages N: N messages (basic.publish to
  *   exchange "" with routing key --queue, a content header, one body frame
  *   of B bytes, default 256; no body frame for 0), written in blocks of
@@ -24,8 +29,9 @@
  *   pump_client [--host H] [--port P] [--seconds T] [--warmup W]
  *               [--messages N] [--queue Q] [--label TEXT] [--cpu-pid PID]
  *               [--tls CA_FILE] [--sni NAME] [--ack [--prefetch P]]
- *               [--publish [--body-size B]]
- * Prints one "RESULT" line (key=value; mode=pump, pump-ack or publish).
+ *               [--nack [--prefetch P]] [--publish [--body-size B]]
+ * Prints one "RESULT" line (key=value; mode=pump, pump-ack, publish or
+ * pump-nack).
  * With --cpu-pid it also reports the CPU time (utime+stime from
  * /proc/PID/stat) that process spent during the counted window, per
  * million frames, and as a share of one core. Every loop is bounded by
@@ -105,7 +111,7 @@ static long close_cleanly(ba_reader *r, const uint8_t *pending, size_t len) {
 
 /* ---- options ------------------------------------------------------------ */
 
-typedef enum { M_NOACK, M_ACK, M_PUBLISH } run_mode;
+typedef enum { M_NOACK, M_ACK, M_PUBLISH, M_NACK } run_mode;
 
 typedef struct opts {
   const char *host, *queue, *label, *tls_ca, *sni;
@@ -114,7 +120,7 @@ typedef struct opts {
   double seconds, warmup;
   uint64_t messages;
   run_mode mode;
-  uint32_t prefetch; /* --ack */
+  uint32_t prefetch; /* --ack, --nack */
   int body_size;     /* --publish */
 } opts;
 
@@ -122,7 +128,8 @@ static void usage(void) {
   fprintf(stderr, "usage: pump_client [--host H] [--port P] [--seconds T] "
                   "[--warmup W] [--messages N] [--queue Q] [--label TEXT] "
                   "[--cpu-pid PID] [--tls CA_FILE] [--sni NAME] "
-                  "[--ack [--prefetch P]] [--publish [--body-size B]]\n");
+                  "[--ack [--prefetch P]] [--nack [--prefetch P]] "
+                  "[--publish [--body-size B]]\n");
   exit(2);
 }
 
@@ -142,6 +149,10 @@ static void parse_args(int argc, char **argv, opts *o) {
     const char *a = argv[i];
     if (!strcmp(a, "--ack")) {
       o->mode = M_ACK;
+      continue;
+    }
+    if (!strcmp(a, "--nack")) {
+      o->mode = M_NACK;
       continue;
     }
     if (!strcmp(a, "--publish")) {
@@ -228,7 +239,7 @@ typedef struct result {
   uint64_t counts[9]; /* frames by type */
   uint64_t delivers;  /* basic.deliver (publishing: messages written) */
   uint64_t bytes;
-  uint64_t acks; /* basic.ack written */
+  uint64_t acks; /* basic.ack (--nack: basic.nack) written */
   uint64_t t_count, t_stop;
   bool counting, ok, got_all;
   long extra; /* --messages: frames between the last one and close-ok */
@@ -238,13 +249,14 @@ typedef struct result {
 /* ---- consuming ------------------------------------------------------------
  */
 
-/* basic.qos (--ack only), then basic.consume on channel 1; waits for the
+/* basic.qos (--ack, --nack), then basic.consume on channel 1; waits for the
  * -ok of each. */
 static void start_consume(ba_reader *r, const opts *o) {
   ba_buf b = {0};
   ba_frame f;
   size_t at;
-  if (o->mode == M_ACK) {
+  bool acks = o->mode == M_ACK || o->mode == M_NACK;
+  if (acks) {
     at = ba_method_begin(&b, 1, BA_MID(60, 10));
     ba_u32(&b, 0); /* prefetch-size */
     ba_u16(&b, (uint16_t)o->prefetch);
@@ -258,7 +270,7 @@ static void start_consume(ba_reader *r, const opts *o) {
   ba_u16(&b, 0);
   ba_shortstr(&b, o->queue);
   ba_shortstr(&b, "");
-  ba_u8(&b, o->mode == M_ACK ? 0 : 2); /* no-ack bit */
+  ba_u8(&b, acks ? 0 : 2); /* no-ack bit */
   ba_u32(&b, 0);
   ba_frame_end(&b, at);
   if (ba_send(r, b.p, b.len) != 0 || ba_expect(r, 1, BA_MID(60, 21), &f) != 0)
@@ -309,9 +321,18 @@ static void put_ack(ba_buf *b, uint16_t ch, uint64_t tag) {
   ba_frame_end(b, at);
 }
 
+/* basic.nack: one delivery tag, multiple 0, requeue 1. */
+static void put_nack(ba_buf *b, uint16_t ch, uint64_t tag) {
+  size_t at = ba_method_begin(b, ch, BA_MID(60, 120));
+  ba_u64(b, tag);
+  ba_u8(b, 2); /* bit 0 multiple, bit 1 requeue */
+  ba_frame_end(b, at);
+}
+
 /* Reads and counts until --seconds are over or (--messages) the N-th
- * delivery is complete, then closes cleanly (--messages). --ack: the
- * deliveries a read completed are acknowledged in one write after it. */
+ * delivery is complete, then closes cleanly (--messages). --ack (--nack):
+ * the deliveries a read completed are acked (nacked) in one write after
+ * it. */
 static void run_consume(ba_reader *r, const opts *o, result *res) {
   /* frames already buffered by the reader belong to the warm-up (with
    * --messages: they count) */
@@ -372,6 +393,9 @@ static void run_consume(ba_reader *r, const opts *o, result *res) {
       if (complete && o->mode == M_ACK) {
         put_ack(&acks, d.channel, d.tag);
         acks_pending++;
+      } else if (complete && o->mode == M_NACK) {
+        put_nack(&acks, d.channel, d.tag);
+        acks_pending++;
       }
       if (res->counting) {
         res->counts[f.type < 9 ? f.type : 0]++;
@@ -386,7 +410,8 @@ static void run_consume(ba_reader *r, const opts *o, result *res) {
     if (acks.len > 0) {
       if (ba_send(r, acks.p, acks.len) != 0) {
         res->ok = false;
-        fprintf(stderr, "pump_client: cannot write acks\n");
+        fprintf(stderr, "pump_client: cannot write %s\n",
+                o->mode == M_NACK ? "nacks" : "acks");
         break;
       }
       res->acks += acks_pending;
@@ -483,7 +508,7 @@ static void run_publish(ba_reader *r, const opts *o, result *res) {
  */
 
 static void print_result(const opts *o, ba_reader *r, const result *res) {
-  static const char *names[] = {"pump", "pump-ack", "publish"};
+  static const char *names[] = {"pump", "pump-ack", "publish", "pump-nack"};
   double secs = res->counting ? (double)(res->t_stop - res->t_count) / 1e9 : 0;
   const uint64_t *c = res->counts;
   uint64_t frames = c[1] + c[2] + c[3] + c[8];
@@ -500,9 +525,9 @@ static void print_result(const opts *o, ba_reader *r, const result *res) {
          secs > 0 ? (double)res->bytes / secs / 1e6 : 0);
   if (o->messages)
     printf(" extra=%ld", res->extra);
-  if (o->mode == M_ACK)
-    printf(" acks=%llu prefetch=%u", (unsigned long long)res->acks,
-           o->prefetch);
+  if (o->mode == M_ACK || o->mode == M_NACK)
+    printf(" %s=%llu prefetch=%u", o->mode == M_ACK ? "acks" : "nacks",
+           (unsigned long long)res->acks, o->prefetch);
   if (r->ssl)
     printf(" tls=%s", bt_describe(r->ssl));
   if (o->cpu_pid)
