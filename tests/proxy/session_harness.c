@@ -357,16 +357,22 @@ void h_close_ok(harness *h, h_side from, uint16_t ch) {
            ch == 0 ? AMQP_CONNECTION_CLOSE_OK : AMQP_CHANNEL_CLOSE_OK);
 }
 
-void h_deliver(harness *h, uint16_t ch, const char *ctag, uint64_t tag,
-               const amqp_props *props, const void *body, size_t len) {
+void hb_deliver(hbuf *b, uint16_t ch, const char *ctag, uint64_t tag,
+                bool redelivered) {
   amqp_method m;
-  hbuf b = {0};
   init(&m, AMQP_BASIC_DELIVER);
   m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr(ctag);
   m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = tag;
+  m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u = redelivered;
   m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
   m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
-  hb_method(&b, ch, &m);
+  hb_method(b, ch, &m);
+}
+
+void h_deliver(harness *h, uint16_t ch, const char *ctag, uint64_t tag,
+               const amqp_props *props, const void *body, size_t len) {
+  hbuf b = {0};
+  hb_deliver(&b, ch, ctag, tag, false);
   hb_header(&b, ch, len, props);
   if (len)
     hb_body(&b, ch, body, len);

@@ -118,6 +118,9 @@ void hb_header(hbuf *b, uint16_t ch, uint64_t body_size,
                const amqp_props *props);
 void hb_body(hbuf *b, uint16_t ch, const void *p, size_t len);
 void hb_heartbeat(hbuf *b, uint16_t ch);
+/* basic.deliver of `tag` to consumer `ctag` (exchange "", key "q"). */
+void hb_deliver(hbuf *b, uint16_t ch, const char *ctag, uint64_t tag,
+                bool redelivered);
 
 /* A method with every argument zero (or empty) */
 void h_simple(harness *h, h_side from, uint16_t ch, uint32_t id);

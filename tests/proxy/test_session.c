@@ -13,36 +13,7 @@
 #include <cmocka.h>
 
 #include "px_own.h"
-#include "session_harness.h"
-
-static void cmocka_fail(const char *msg) {
-  fail_msg("%s", msg);
-}
-
-/* The policy of most tests: queue q, one tier of 1 s, 3 attempts. */
-#define POLICY                                                                 \
-  "--retry-queues", "q", "--retry-tiers", "1s", "--max-attempts", "3",         \
-      "--retry-confirm-timeout", "200ms"
-
-static harness *start(void **state, const char *const *args) {
-  harness *h = h_new(args);
-  assert_non_null(h);
-  *state = h;
-  return h;
-}
-
-static int teardown(void **state) {
-  h_free(*state);
-  *state = NULL;
-  return 0;
-}
-
-#define expect_line(h, side, ...)                                              \
-  do {                                                                         \
-    char line_[512];                                                           \
-    snprintf(line_, sizeof line_, __VA_ARGS__);                                \
-    h_expect(h, side, line_);                                                  \
-  } while (0)
+#include "session_test.h"
 
 /* The broker delivers `tag` (a body of `len` bytes) to consumer c1 on
  * channel 1; the client must receive it as it is. */
@@ -1366,15 +1337,8 @@ static void test_timeout_ack_multiple_rewritten(void **state) {
 /* basic.deliver with redelivered set, as the broker sends a delivery a
  * lost consumer held. */
 static void deliver_again(harness *h, uint64_t tag) {
-  amqp_method m;
   hbuf *b = h_buf(h);
-  amqp_method_init(&m, AMQP_BASIC_DELIVER);
-  m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr("c1");
-  m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = tag;
-  m.args[AMQP_F_BASIC_DELIVER_REDELIVERED].u = 1;
-  m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
-  m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
-  hb_method(b, 1, &m);
+  hb_deliver(b, 1, "c1", tag, true);
   hb_header(b, 1, 5, NULL);
   hb_body(b, 1, "hello", 5);
   h_sendb(h, H_BROKER, b);

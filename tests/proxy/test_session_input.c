@@ -15,38 +15,10 @@
 
 #include <cmocka.h>
 
-#include "session_harness.h"
-
-#define POLICY                                                                 \
-  "--retry-queues", "q", "--retry-tiers", "1s", "--max-attempts", "3",         \
-      "--retry-confirm-timeout", "200ms"
+#include "session_test.h"
 
 #define BODY (16 * 1024)
 #define MESSAGES 9 /* about 2.3 chunks of deliveries */
-
-static void cmocka_fail(const char *msg) {
-  fail_msg("%s", msg);
-}
-
-static harness *start(void **state, const char *const *args) {
-  harness *h = h_new(args);
-  assert_non_null(h);
-  *state = h;
-  return h;
-}
-
-static int teardown(void **state) {
-  h_free(*state);
-  *state = NULL;
-  return 0;
-}
-
-#define expect_line(h, side, ...)                                              \
-  do {                                                                         \
-    char line_[512];                                                           \
-    snprintf(line_, sizeof line_, __VA_ARGS__);                                \
-    h_expect(h, side, line_);                                                  \
-  } while (0)
 
 /* A body of `len` bytes that differs from message to message and from
  * byte to byte. */
@@ -61,14 +33,8 @@ static uint8_t *pattern(uint64_t tag, size_t len) {
 /* basic.deliver of `tag` to c1 on channel 1, its header and its body
  * frame (kept in `body` for the byte check), appended to `all`. */
 static void add_delivery(hbuf *all, hbuf *body, uint64_t tag, size_t len) {
-  amqp_method m;
   uint8_t *p = pattern(tag, len);
-  amqp_method_init(&m, AMQP_BASIC_DELIVER);
-  m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr("c1");
-  m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = tag;
-  m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
-  m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
-  hb_method(all, 1, &m);
+  hb_deliver(all, 1, "c1", tag, false);
   hb_header(all, 1, len, NULL);
   hb_body(body, 1, p, len);
   hb_raw(all, body->p, body->len);

@@ -17,30 +17,14 @@
 
 #include "px_chan.h"
 #include "px_track.h"
-#include "session_harness.h"
-
-#define POLICY                                                                 \
-  "--retry-queues", "q", "--retry-tiers", "1s", "--max-attempts", "3",         \
-      "--retry-confirm-timeout", "200ms"
+#include "session_test.h"
 
 #define MAXTAG 120
 
-static void cmocka_fail(const char *msg) {
-  fail_msg("%s", msg);
-}
-
-static int teardown(void **state) {
-  h_free(*state);
-  *state = NULL;
-  return 0;
-}
-
 /* A session with channel 1 consuming q (acks), and tags 1..n delivered. */
-static harness *start(void **state, uint64_t n) {
+static harness *consuming(void **state, uint64_t n) {
   static const char *const args[] = {POLICY, NULL};
-  harness *h = h_new(args);
-  assert_non_null(h);
-  *state = h;
+  harness *h = start(state, args);
   assert_int_equal(h_open(h, 10, 131072), 10);
   h_channel(h, 1, 1);
   h_consume(h, 1, 1, "q", "c1");
@@ -102,7 +86,7 @@ static void nack_copies(harness *h, uint64_t tag) {
 /* Single acks out of order leave holes; a multiple ack settles the rest
  * below its tag; the retry path still finds what is left. */
 static void test_out_of_order_and_multiple(void **state) {
-  harness *h = start(state, 40);
+  harness *h = consuming(state, 40);
   bool want[MAXTAG + 1] = {false};
   for (uint64_t t = 1; t <= 40; t++)
     want[t] = true;
@@ -134,7 +118,7 @@ static void test_out_of_order_and_multiple(void **state) {
 /* Settles at the head while deliveries keep coming: the ring wraps, then
  * grows while wrapped; tags stay in order and findable. */
 static void test_wrap_then_grow(void **state) {
-  harness *h = start(state, 6);
+  harness *h = consuming(state, 6);
   bool want[MAXTAG + 1] = {false};
   ack(h, 4, true);
   for (uint64_t t = 5; t <= 6; t++)
@@ -158,7 +142,7 @@ static void test_wrap_then_grow(void **state) {
 /* Holes in the middle, more than half of the ring: squeezed out, the
  * tags that remain intact and in order. */
 static void test_holes_squeezed(void **state) {
-  harness *h = start(state, 100);
+  harness *h = consuming(state, 100);
   bool want[MAXTAG + 1] = {false};
   for (uint64_t t = 1; t <= 100; t++)
     want[t] = true;
@@ -184,15 +168,9 @@ static void test_holes_squeezed(void **state) {
  * delivery is still kept whole, and its own nack becomes a copy too (it
  * used to pass through as a plain requeue). */
 static void test_nack_while_next_arrives(void **state) {
-  harness *h = start(state, 1);
+  harness *h = consuming(state, 1);
   hbuf *head = h_buf(h), *body = h_buf(h);
-  amqp_method m;
-  amqp_method_init(&m, AMQP_BASIC_DELIVER);
-  m.args[AMQP_F_BASIC_DELIVER_CONSUMER_TAG].b = amqp_cstr("c1");
-  m.args[AMQP_F_BASIC_DELIVER_DELIVERY_TAG].u = 2;
-  m.args[AMQP_F_BASIC_DELIVER_EXCHANGE].b = amqp_cstr("");
-  m.args[AMQP_F_BASIC_DELIVER_ROUTING_KEY].b = amqp_cstr("q");
-  hb_method(head, 1, &m);
+  hb_deliver(head, 1, "c1", 2, false);
   hb_header(head, 1, 5, NULL);
   hb_body(body, 1, "world", 5);
   h_sendb(h, H_BROKER, head); /* tag 2: its body is still to come */
