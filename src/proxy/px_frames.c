@@ -657,20 +657,12 @@ static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
   return PX_DROP;
 }
 
-/* Deliveries and the answers that name consumers: tracked for retries. */
+/* The broker's methods that name consumers, confirms and channel.close:
+ * tracked for retries (deliveries: upstream_deliver()). */
 static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
                            uint32_t id) {
   amqp_method m;
-  if (f->type != AMQP_FRAME_METHOD) {
-    if (c->track.capture) /* most content belongs to no kept delivery */
-      px_track_content(s, c, f);
-    return;
-  }
   switch (id) {
-  case AMQP_BASIC_DELIVER:
-    if (px_track_deliver(s, c, f->payload))
-      px_own_want(s);
-    break;
   case AMQP_BASIC_ACK:
   case AMQP_BASIC_NACK: /* from the broker: confirms */
     px_track_confirmed(s, c, f->payload);
@@ -715,6 +707,20 @@ static int upstream_content_frame(px_session *s, const amqp_frame *f,
   return PX_FORWARD;
 }
 
+/* basic.deliver to a client channel, the one method of every message:
+ * its content is announced, the delivery tracked. */
+static int upstream_deliver(px_session *s, const amqp_frame *f, uint8_t *raw) {
+  px_chan *c = px_tab_get(&s->by_up, f->channel);
+  if (!c)
+    return PX_FORWARD;
+  c->u2c = PX_CONTENT_HEADER;
+  if (px_track_deliver(s, c, f->payload))
+    px_own_want(s);
+  if (c->up_ch != c->client_ch)
+    px_chan_renumber(raw, c->client_ch);
+  return PX_FORWARD;
+}
+
 /* Every other frame from the broker: methods, heartbeats, rebound's own
  * channel, and what comes while the session ends. */
 static __attribute__((noinline)) int
@@ -733,16 +739,15 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   if (f->channel == 0)
     return f->type == AMQP_FRAME_METHOD ? upstream_connection_method(s, f, id)
                                         : PX_FORWARD;
+  if (f->type != AMQP_FRAME_METHOD)
+    return upstream_content_frame(s, f, raw);
+  if (id == AMQP_BASIC_DELIVER)
+    return upstream_deliver(s, f, raw);
   px_chan *c = px_tab_get(&s->by_up, f->channel);
   if (!c)
     return PX_FORWARD;
-  if (f->type != AMQP_FRAME_METHOD) {
-    if (upstream_content(s, c, f) != PX_FORWARD)
-      return PX_STOP;
-  } else if (id == AMQP_BASIC_DELIVER || id == AMQP_BASIC_GET_OK ||
-             id == AMQP_BASIC_RETURN) {
+  if (id == AMQP_BASIC_GET_OK || id == AMQP_BASIC_RETURN)
     c->u2c = PX_CONTENT_HEADER;
-  }
   upstream_track(s, c, f, id);
   if (id == AMQP_CHANNEL_OPEN_OK)
     c->state = PX_CH_OPEN;
@@ -750,20 +755,6 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
     px_chan_renumber(raw, c->client_ch);
   if (id == AMQP_CHANNEL_CLOSE_OK)
     px_frames_chan_release(s, c);
-  return PX_FORWARD;
-}
-
-/* basic.deliver to a client channel, the one method of every message:
- * its content is announced, the delivery tracked. */
-static int upstream_deliver(px_session *s, const amqp_frame *f, uint8_t *raw) {
-  px_chan *c = px_tab_get(&s->by_up, f->channel);
-  if (!c)
-    return PX_FORWARD;
-  c->u2c = PX_CONTENT_HEADER;
-  if (px_track_deliver(s, c, f->payload))
-    px_own_want(s);
-  if (c->up_ch != c->client_ch)
-    px_chan_renumber(raw, c->client_ch);
   return PX_FORWARD;
 }
 
