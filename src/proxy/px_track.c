@@ -205,7 +205,6 @@ static char *dl_names(px_track *t, px_delivery *d, const char *queue,
   size_t ql = strlen(queue);
   d->names_len = (uint16_t)(ql + exchange.len + routing_key.len + 3);
   char *p = malloc(d->names_len + (size_t)t->content_hint);
-  t->capture_room = p ? t->content_hint : 0;
   if (!p)
     return NULL;
   memcpy(p, queue, ql + 1);
@@ -282,7 +281,7 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     /* the room allocated with the names, unless it is short or more than
      * PX_CONTENT_SLACK too much (kept memory stays near the content's) */
     char *all =
-        need <= t->capture_room && t->capture_room - need <= PX_CONTENT_SLACK
+        need <= t->content_hint && t->content_hint - need <= PX_CONTENT_SLACK
             ? d->names
             : realloc(d->names, d->names_len + need);
     t->content_hint = need < PX_CONTENT_HINT_MAX ? (uint32_t)need : 0;

@@ -106,9 +106,10 @@ typedef struct px_track {
                        arriving and being kept; 0: none */
   /* The content size of the channel's last kept delivery (at most
    * PX_CONTENT_HINT_MAX): a delivery's names are allocated with that much
-   * room behind them, so its content mostly needs no second allocation;
-   * capture_room is what the delivery being captured got. */
-  uint32_t content_hint, capture_room;
+   * room behind them, so its content mostly needs no second allocation
+   * (deliveries come one after the other: the hint is still the room when
+   * the header of the delivery being captured comes) */
+  uint32_t content_hint;
   uint32_t retries_pending;
   uint32_t defers_pending; /* requeues waiting for their delay */
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */
