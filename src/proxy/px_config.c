@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <uv.h>
 
 #include "retry_policy.h"
 
@@ -280,6 +281,22 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
   return 0;
 }
 
+/* "auto" (one per CPU libuv sees, at most PX_MAX_WORKERS) or a count. */
+static int parse_WORKERS(uint32_t *field, const char *v) {
+  char *end;
+  if (strcmp(v, "auto") == 0) {
+    unsigned n = uv_available_parallelism();
+    *field = n < 1 ? 1 : n > PX_MAX_WORKERS ? PX_MAX_WORKERS : n;
+    return 0;
+  }
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (end == v || *end || errno || n < 1 || n > PX_MAX_WORKERS)
+    return -1;
+  *field = (uint32_t)n;
+  return 0;
+}
+
 #define PARSE_PATH(c, field, v) parse_PATH(c, (c)->field, sizeof(c)->field, v)
 #define PARSE_ADDR(c, field, v) parse_ADDR(c, &(c)->field, v)
 #define PARSE_ADDRS(c, field, v) parse_ADDRS(c, v)
@@ -303,6 +320,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define PARSE_ATTEMPTS(c, field, v) parse_ATTEMPTS(c, v)
 #define PARSE_TIMEOUT_OFF(c, field, v) parse_TIMEOUT_OFF(c, v)
 #define PARSE_LIMIT(c, field, v) parse_LIMIT(&(c)->field, v)
+#define PARSE_WORKERS(c, field, v) parse_WORKERS(&(c)->field, v)
 #define PARSE_QUEUE_TYPE(c, field, v) parse_QUEUE_TYPE(c, v)
 #define PARSE_CONN_MODE(c, field, v) parse_CONN_MODE(&(c)->field, v)
 
@@ -330,6 +348,7 @@ static int parse_LIMIT(uint32_t *field, const char *v) {
 #define EXPECT_TIMEOUT_OFF "off or a delay like 30s, 5m (at most 24h)"
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
+#define EXPECT_WORKERS "auto or a whole number from 1 to 64"
 #define EXPECT_QUEUE_TYPE "auto, quorum or classic"
 #define EXPECT_CONN_MODE "separate or shared"
 
@@ -500,6 +519,27 @@ static int check_tls(const px_config *c, char *err, size_t errlen) {
   return why ? -1 : 0;
 }
 
+/* Which worker this process is: REBOUND_WORKER, set by worker 0 for the
+ * processes it starts (px_workers.h); absent, 0. */
+static int check_worker(px_config *c, const char *(*env)(const char *),
+                        char *err, size_t errlen) {
+  const char *v = env ? env("REBOUND_WORKER") : NULL;
+  char *end;
+  if (!v || !*v)
+    return 0;
+  errno = 0;
+  unsigned long k = strtoul(v, &end, 10);
+  if (*end || errno || k < 1 || k >= c->workers) {
+    snprintf(err, errlen,
+             "REBOUND_WORKER=%s: not a worker of --workers %u (expected 1 to "
+             "%u; rebound sets it for the processes it starts)",
+             v, c->workers, c->workers - 1);
+    return -1;
+  }
+  c->worker = (uint32_t)k;
+  return 0;
+}
+
 px_config_result px_config_load(px_config *cfg, int argc, char **argv,
                                 const char *(*env)(const char *), char *err,
                                 size_t errlen) {
@@ -512,6 +552,8 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
   cfg->retry.nrules = 1;
   px_config_result r = load_layers(cfg, argc, argv, env, err, errlen);
   if (r == PX_CONFIG_OK && check_tls(cfg, err, errlen) != 0)
+    r = PX_CONFIG_ERROR;
+  if (r == PX_CONFIG_OK && check_worker(cfg, env, err, errlen) != 0)
     r = PX_CONFIG_ERROR;
   if (r == PX_CONFIG_OK && cfg->override.tiers && cfg->override.backoff &&
       cfg->override.rule.backoff.initial_ms) {

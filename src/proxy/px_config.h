@@ -15,6 +15,7 @@
 #define PX_MAX_UPSTREAMS 8
 #define PX_MAX_RULES 16
 #define PX_MAX_CONNECTIONS_LIMIT 10000000 /* highest --max-connections */
+#define PX_MAX_WORKERS 64                 /* highest --workers */
 
 typedef struct px_addr {
   char host[256]; /* IPv4, IPv6 (no brackets) or a name */
@@ -53,6 +54,10 @@ typedef struct px_config {
   uint32_t policy_check_after_ms;
   uint32_t stuck_after_ms;
   uint32_t max_connections; /* 0: auto, what the fd limit allows */
+  uint32_t workers;         /* processes on the listeners (px_workers.h) */
+  /* which of them this process is: 0 the first (admin endpoint, probe,
+   * the others' parent), 1.. the ones it started (REBOUND_WORKER) */
+  uint32_t worker;
   uint64_t cache_per_connection;
   uint64_t cache_total;
   char config_path[1024];
@@ -135,6 +140,10 @@ typedef struct px_config {
     "max_connections", LIMIT, "auto",                                          \
     "client connections at once, more are closed on accept (auto: what "       \
     "the file descriptor limit allows)")                                       \
+  X(workers, "workers", "REBOUND_WORKERS", "workers", WORKERS, "1",            \
+    "processes serving the listeners (one event loop each, one port through "  \
+    "SO_REUSEPORT, one admin endpoint for all; auto: one per CPU); "           \
+    "--max-connections and --cache-total are shared out among them")           \
   X(retry_finish_timeout_ms, "retry-finish-timeout",                           \
     "REBOUND_RETRY_FINISH_TIMEOUT", "retry_finish_timeout", DURATION, "10s",   \
     "a client gone with retries pending: how long to finish them")             \

@@ -15,6 +15,12 @@
 static px_log_level min_level = PX_LOG_INFO;
 static px_log_format format = PX_LOG_TEXT;
 static const char *const names[] = {"debug", "info", "warn", "error"};
+static int worker = -1;
+#define WORKER_FIELDS_MAX 32 /* a call's fields, with "worker" in front */
+
+void px_log_set_worker(int w) {
+  worker = w;
+}
 
 void px_log_set_format(px_log_format f) {
   format = f;
@@ -224,6 +230,13 @@ void px_log_kv(px_log_level level, const char *msg, const px_kv *kv, size_t n) {
   gmtime_r(&tv.tv_sec, &tm);
   size_t t = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(ts + t, sizeof ts - t, ".%03dZ", (int)(tv.tv_usec / 1000));
+  px_kv with[WORKER_FIELDS_MAX];
+  if (worker >= 0 && n < WORKER_FIELDS_MAX) {
+    with[0] = PX_U("worker", worker);
+    memcpy(with + 1, kv, n * sizeof *kv);
+    kv = with;
+    n++;
+  }
   size_t len =
       px_log_format_line(line, sizeof line, format, ts, level, msg, kv, n);
   fwrite(line, 1, len, stderr);

@@ -77,6 +77,10 @@ void px_log_set_format(px_log_format format);
 /* Set the lowest level written (default PX_LOG_INFO). */
 void px_log_set_level(px_log_level level);
 
+/* Under --workers N (N > 1): every line names the process it comes from,
+ * a field "worker" (0..N-1) after "msg". Negative (the default): none. */
+void px_log_set_worker(int worker);
+
 /* Parse "debug", "info", "warn" or "error"; returns -1 for anything else. */
 int px_log_level_parse(const char *s, px_log_level *out);
 
