@@ -87,17 +87,20 @@ int main(int argc, char **argv) {
   }
   px_log_set_level(cfg->log_level);
   px_log_set_format(cfg->log_format);
+  if (cfg->workers > 1)
+    px_log_set_worker((int)cfg->worker);
   signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
   if (uv_loop_init(&loop) != 0)
     return 1;
-  int rc = px_server_start(&srv, &loop, cfg) == 0 ? 0 : 1;
+  bool started = px_server_start(&srv, &loop, cfg) == 0;
   px_server_enable_reload(&srv, argc, argv, env_get);
-  if (rc == 0) {
+  int rc = started && px_server_start_workers(&srv, argv) == 0 ? 0 : 1;
+  if (rc == 0)
     uv_run(&loop, UV_RUN_DEFAULT); /* until drained (or the drain timeout) */
-    px_server_close(&srv);         /* then let the close callbacks run; a late
-                                    * signal no longer interrupts that */
-  }
+  if (started)
+    px_server_close(&srv); /* then let the close callbacks run; a late
+                            * signal no longer interrupts that */
   px_pub_close_all();
   uv_walk(&loop, close_walk, NULL);
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)

@@ -8,6 +8,7 @@
 #ifndef PX_METRICS_H
 #define PX_METRICS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "px_counters.h"
@@ -17,6 +18,15 @@ struct px_admin_response;
 
 /* Write every metric in Prometheus text format into `resp`. */
 void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);
+
+/* Merge `n` expositions of this renderer (the first is worker 0's) into
+ * one, appended to `resp`: each family once, in the order first seen;
+ * each series once, its values summed, except rebound_ready,
+ * rebound_uptime_seconds and rebound_tls_certificate_expiry_seconds (the
+ * first text's) and rebound_unsettled_oldest_seconds (the largest).
+ * Returns 0, or -1 when out of memory. */
+int px_metrics_merge(const char *const *texts, const size_t *lens, unsigned n,
+                     struct px_admin_response *resp);
 
 /* /v1/status: listeners, sessions (peer, user, vhost, channels, bytes,
  * age), pending retries, cache bytes, the effective config (it holds no

@@ -7,6 +7,7 @@
 #include "px_metrics.h"
 #include "px_server.h"
 #include "px_view.h"
+#include "px_workers.h"
 
 #define SEGMENT_MAX 256 /* a decoded {} segment: an AMQP queue name and NUL */
 
@@ -51,13 +52,15 @@ static void route_readyz(px_server *srv, const px_admin_request *req,
 static void route_metrics(px_server *srv, const px_admin_request *req,
                           const char *segment, px_admin_response *r) {
   (void)req, (void)segment;
-  px_metrics_render(srv, r);
+  if (!px_workers_render(srv, 'M', r))
+    px_metrics_render(srv, r);
 }
 
 static void route_status(px_server *srv, const px_admin_request *req,
                          const char *segment, px_admin_response *r) {
   (void)req, (void)segment;
-  px_status_render(srv, r);
+  if (!px_workers_render(srv, 'S', r))
+    px_status_render(srv, r);
 }
 
 static void route_queues(px_server *srv, const px_admin_request *req,

@@ -8,6 +8,7 @@
  * signal handlers by px_server_close. A refused client's socket is closed
  * where it is accepted.
  */
+#define _DEFAULT_SOURCE /* SO_REUSEPORT */
 #include "px_server.h"
 
 #include <dirent.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "px_buf.h"
@@ -27,6 +29,7 @@
 #include "px_session.h"
 #include "px_tls.h"
 #include "px_view.h"
+#include "px_workers.h"
 
 #define PX_PROBE_INTERVAL_MS 2000
 /* File descriptors a client connection takes: its socket and its
@@ -167,7 +170,9 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
       fds > srv->fd_reserve + per ? (fds - srv->fd_reserve) / per : 1;
   if (fit > PX_MAX_CONNECTIONS_LIMIT)
     fit = PX_MAX_CONNECTIONS_LIMIT;
-  uint32_t n = cfg->max_connections ? cfg->max_connections : (uint32_t)fit;
+  uint32_t n = cfg->max_connections
+                   ? (uint32_t)px_workers_share(srv, cfg->max_connections)
+                   : (uint32_t)fit;
   if (n == prev)
     return n;
   px_info("connection_limit", PX_U("max_connections", n),
@@ -181,7 +186,8 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
 /* ---- shutdown ------------------------------------------------------------ */
 
 static void stop_loop_if_done(px_server *srv) {
-  if (srv->draining && !srv->sessions && !srv->dlq_ops) {
+  if (srv->draining && !srv->sessions && !srv->dlq_ops &&
+      !px_workers_running(srv)) {
     px_server_stop(srv);
     uv_stop(srv->loop);
   }
@@ -195,6 +201,19 @@ void px_server_op_done(px_server *srv) {
   stop_loop_if_done(srv);
 }
 
+/* Worker 0 gone (drain, as on SIGTERM), or a worker exited while
+ * draining (the drain may be over). */
+static void worker_event(px_server *srv, px_workers_event ev) {
+  if (ev == PX_WORKERS_PARENT_GONE)
+    px_server_drain(srv, SIGTERM);
+  else
+    stop_loop_if_done(srv);
+}
+
+int px_server_start_workers(px_server *srv, char **argv) {
+  return px_workers_start(srv, argv, worker_event);
+}
+
 static void on_drain_timeout(uv_timer_t *t) {
   px_server *srv = t->data;
   uint64_t n = srv->stats.sessions_current;
@@ -202,6 +221,10 @@ static void on_drain_timeout(uv_timer_t *t) {
           PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
   while (srv->sessions)
     px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
+  if (px_workers_running(srv)) { /* each has its own drain timeout */
+    px_workers_deadline(srv);
+    return;
+  }
   px_server_stop(srv);
   uv_stop(srv->loop);
 }
@@ -265,6 +288,7 @@ void px_server_stop(px_server *srv) {
   uv_close((uv_handle_t *)&srv->probe_timer, NULL);
   uv_close((uv_handle_t *)&srv->janitor_timer, NULL);
   px_probe_stop(&srv->probe);
+  px_workers_stop(srv); /* answers the admin requests waiting for workers */
   if (srv->admin_on) {
     srv->admin_on = false;
     px_admin_stop(&srv->admin, NULL, NULL);
@@ -278,12 +302,16 @@ static void signal_ignored(int signum, const char *reason) {
 }
 
 static void on_signal(uv_signal_t *sig, int signum) {
-  px_server *srv = sig->data;
+  px_server_drain(sig->data, signum);
+}
+
+void px_server_drain(px_server *srv, int signum) {
   if (srv->draining) {
     signal_ignored(signum, "already draining");
     return;
   }
   srv->draining = true;
+  px_workers_signal(srv, signum);
   px_info("shutdown", PX_I("signal", signum),
           PX_U("sessions", srv->stats.sessions_current),
           PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
@@ -301,6 +329,25 @@ static void on_signal(uv_signal_t *sig, int signum) {
 static void on_sigusr(uv_signal_t *sig, int signum) {
   (void)sig;
   signal_ignored(signum, "no action for this signal");
+}
+
+/* Under --workers: the listener's socket made here with SO_REUSEPORT, so
+ * that every worker can bind the same address (libuv has no flag for
+ * it). 0 or a negative libuv error. */
+static int share_port(uv_tcp_t *l, const struct sockaddr *sa) {
+  int one = 1;
+  int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return uv_translate_sys_error(errno);
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+    int err = uv_translate_sys_error(errno);
+    close(fd);
+    return err;
+  }
+  int rc = uv_tcp_open(l, (uv_os_sock_t)fd);
+  if (rc != 0)
+    close(fd);
+  return rc;
 }
 
 /* A new listening socket on `a`, or NULL (logged). */
@@ -325,7 +372,9 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a,
     return NULL;
   }
   l->data = srv;
-  rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
+  rc = srv->cfg->workers > 1 ? share_port(l, (struct sockaddr *)&ss) : 0;
+  if (rc == 0)
+    rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
   if (rc == 0)
     rc = uv_listen((uv_stream_t *)l, 1024, on_connection);
   if (rc < 0) {
@@ -478,6 +527,11 @@ static void reload(px_server *srv) {
     next->admin_on = old->admin_on;
     next->admin = old->admin;
   }
+  if (next->workers != old->workers) {
+    px_warn("config_reload_workers_kept", PX_U("workers", old->workers),
+            PX_S("note", "a new number of workers takes a restart"));
+    next->workers = old->workers;
+  }
   px_log_set_level(next->log_level);
   px_log_set_format(next->log_format);
   /* Nothing keeps a pointer into the old config but the retry_rule of a
@@ -489,6 +543,7 @@ static void reload(px_server *srv) {
   srv->cfg_gen++;
   new_policies(srv);
   free(old);
+  srv->cache_total = px_workers_share(srv, next->cache_total);
   srv->max_connections = connection_limit(srv, next, srv->max_connections);
   px_info("config_reloaded", PX_U("generation", srv->cfg_gen),
           PX_U("policies", next->retry.nrules),
@@ -497,6 +552,7 @@ static void reload(px_server *srv) {
 
 static void on_sighup(uv_signal_t *sig, int signum) {
   px_server *srv = sig->data;
+  px_workers_signal(srv, signum); /* each reads the config itself */
   if (!srv->argv) {
     px_warn("reload_not_enabled", PX_I("signal", signum),
             PX_S("action", "ignored"));
@@ -596,12 +652,14 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->started_ms = uv_now(loop);
   uv_timer_init(loop, &srv->probe_timer);
   srv->probe_timer.data = srv;
-  uv_timer_start(&srv->probe_timer, on_probe_timer, 0, PX_PROBE_INTERVAL_MS);
+  if (cfg->worker == 0) /* /readyz is worker 0's */
+    uv_timer_start(&srv->probe_timer, on_probe_timer, 0, PX_PROBE_INTERVAL_MS);
   uv_timer_init(loop, &srv->janitor_timer);
   srv->janitor_timer.data = srv;
   uv_timer_start(&srv->janitor_timer, on_janitor, PX_JANITOR_MS, PX_JANITOR_MS);
   new_policies(srv);
-  if (cfg->admin_on) {
+  srv->cache_total = px_workers_share(srv, cfg->cache_total);
+  if (cfg->admin_on && cfg->worker == 0) {
     /* an admin endpoint that cannot bind is logged; the proxy still runs */
     srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,
                                    cfg->admin.port, px_routes_route, srv) == 0;

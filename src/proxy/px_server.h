@@ -25,6 +25,7 @@
 #include "px_queues.h"
 
 struct px_session;
+struct px_workers;
 
 typedef struct px_stats {
   uint64_t sessions_total;
@@ -152,11 +153,26 @@ typedef struct px_server {
   uint32_t nalt_types;
   char upstream_err[384];     /* why not, for /readyz */
   px_dial_memory dial_memory; /* upstreams that failed lately */
+  /* --workers (px_workers.h): the other processes (worker 0) or the
+   * control socket (the others); NULL with one worker */
+  struct px_workers *workers;
+  uint64_t cache_total; /* this worker's share of cfg->cache_total */
 } px_server;
 
 /* An admin dead-letter operation ended (srv->dlq_ops was decremented):
  * a drain waiting for it may end. */
 void px_server_op_done(px_server *srv);
+
+/* Drain as on SIGTERM (`signum` is logged): stop accepting, close every
+ * session with connection.close 320 once its retries are done, exit when
+ * all are gone or the drain timeout passes. Worker 0 passes the signal on
+ * to the other workers and waits for them too. */
+void px_server_drain(px_server *srv, int signum);
+
+/* Under --workers (px_workers.h), after px_server_start: worker 0 starts
+ * the other processes, the others open their control socket. 0 or a
+ * negative libuv error (logged). */
+int px_server_start_workers(px_server *srv, char **argv);
 
 /* /readyz's answer: not draining, and an upstream answered the probe (or
  * a session) unless --ready-needs-upstream is off. */

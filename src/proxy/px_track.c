@@ -32,8 +32,8 @@ static bool cache_reserve(px_session *s, uint64_t n) {
   const px_config *cfg = s->srv->cfg;
   if (s->cache_bytes > cfg->cache_per_connection ||
       n > cfg->cache_per_connection - s->cache_bytes ||
-      s->srv->stats.cache_bytes > cfg->cache_total ||
-      n > cfg->cache_total - s->srv->stats.cache_bytes)
+      s->srv->stats.cache_bytes > s->srv->cache_total ||
+      n > s->srv->cache_total - s->srv->stats.cache_bytes)
     return false;
   s->cache_bytes += n;
   s->srv->stats.cache_bytes += n;

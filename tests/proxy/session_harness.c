@@ -84,6 +84,7 @@ harness *h_new(const char *const *args) {
   h->srv.spare_fd = -1;
   h->srv.stopped = true; /* nothing of the server's own runs here */
   h->srv.max_connections = 1;
+  h->srv.cache_total = h->cfg.cache_total; /* one worker */
   h->srv.started_ms = uv_now(&h->loop);
   fake_init(&h->peer[H_CLIENT], "client");
   fake_init(&h->peer[H_BROKER], "broker");
