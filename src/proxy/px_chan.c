@@ -11,6 +11,7 @@ const char *px_chan_state_name(int state) {
 
 int px_tab_init(px_tab *t, uint16_t max) {
   t->blocks = NULL;
+  t->hint = NULL;
   t->nblocks = 0;
   t->max = max;
   return max ? 0 : -1;
@@ -21,6 +22,7 @@ void px_tab_free(px_tab *t) {
     free(t->blocks[b]);
   free(t->blocks);
   t->blocks = NULL;
+  t->hint = NULL;
   t->nblocks = 0;
   t->max = 0;
 }
@@ -56,6 +58,7 @@ int px_tab_set(px_tab *t, uint16_t ch, px_chan *c) {
   uint32_t b = ch / PX_TAB_BLOCK;
   if (ch == 0 || ch > t->max)
     return -1;
+  t->hint = NULL;
   if (b >= t->nblocks || !t->blocks[b]) {
     if (!c)
       return 0;

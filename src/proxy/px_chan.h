@@ -58,8 +58,10 @@ const char *px_chan_state_name(int state);
 
 typedef struct px_tab {
   px_chan ***blocks;
+  px_chan *hint;    /* the entry px_tab_find() found last (NULL: none) */
   uint32_t nblocks; /* entries of the first level */
   uint16_t max;     /* 0 until px_tab_init() */
+  uint16_t hint_ch; /* ... and its number; every px_tab_set forgets it */
 } px_tab;
 
 /* Size the table for channels 1..max (max >= 1). Returns 0 or -1. */
@@ -74,6 +76,19 @@ static inline px_chan *px_tab_get(const px_tab *t, uint16_t ch) {
   if (b >= t->nblocks || !t->blocks[b])
     return 0;
   return t->blocks[b][ch % PX_TAB_BLOCK];
+}
+
+/* px_tab_get for the frames of the read loop, which mostly come on the
+ * channel of the frame before: that entry is remembered. */
+static inline px_chan *px_tab_find(px_tab *t, uint16_t ch) {
+  if (t->hint && t->hint_ch == ch)
+    return t->hint;
+  px_chan *c = px_tab_get(t, ch);
+  if (c) {
+    t->hint = c;
+    t->hint_ch = ch;
+  }
+  return c;
 }
 
 /* The channels of a table in number order: start with *cursor = 0; NULL

@@ -13,6 +13,8 @@
 #include "amqp.h"
 #include "px_chan.h"
 #include "px_life.h"
+#include "px_queues.h"
+#include "px_server.h"
 #include "px_session.h"
 
 /* One frame from the client or the broker: a px_action. `raw` is the
@@ -57,15 +59,44 @@ static inline bool px_frames_content(uint8_t type, amqp_bytes payload,
   return true;
 }
 
-static inline bool px_frames_upstream_content(px_session *s,
-                                              const amqp_frame *f) {
-  if (f->type == AMQP_FRAME_METHOD || s->closer != PX_BY_NONE ||
-      s->phase == PX_PHASE_CLIENT_GONE || f->channel == s->own_ch)
+/* The short path from the broker, while the session is not ending
+ * (px_frames_upstream_plain()): a content frame as above, or a
+ * basic.deliver on a channel whose one consumer does not ack. Such a
+ * delivery needs no tracking: it is counted for its queue, the channel
+ * expects its content header, and the frame is forwarded. With one
+ * consumer on the channel, every delivery on it is that consumer's (the
+ * broker delivers only after consume-ok, and a no-wait consumer is
+ * registered when the client sends it); the tag's length is compared as a
+ * guard. false: px_frames_upstream() (several consumers, acks, a moved
+ * channel, the session ending, the first delivery of a no-wait consumer,
+ * which names its queue). */
+static inline bool px_frames_upstream_plain(const px_session *s) {
+  return s->closer == PX_BY_NONE && s->phase != PX_PHASE_CLIENT_GONE;
+}
+
+/* The caller has checked px_frames_upstream_plain(s), and checks it again
+ * after anything else has handled a frame (only that can change it). */
+static inline bool px_frames_upstream_short(px_session *s,
+                                            const amqp_frame *f) {
+  if (f->channel == s->own_ch)
     return false;
-  px_chan *c = px_tab_get(&s->by_up, f->channel);
-  return c && !c->track.capture && c->up_ch == c->client_ch &&
-         px_frames_content(f->type, f->payload, &c->u2c, &c->u2c_left,
-                           PX_UPSTREAM_BODY_MAX);
+  px_chan *c = px_tab_find(&s->by_up, f->channel); /* channel 0: NULL */
+  if (!c || c->up_ch != c->client_ch)
+    return false;
+  if (f->type != AMQP_FRAME_METHOD)
+    return !c->track.capture &&
+           px_frames_content(f->type, f->payload, &c->u2c, &c->u2c_left,
+                             PX_UPSTREAM_BODY_MAX);
+  const px_consumer *k = c->track.consumers;
+  if (c->track.nconsumers != 1 || !k->no_ack || k->qid < 0 ||
+      f->payload.len < 5 || amqp__be32(f->payload.ptr) != AMQP_BASIC_DELIVER ||
+      f->payload.ptr[4] != k->tag_len)
+    return false;
+  c->u2c = PX_CONTENT_HEADER;
+  c->track.capture = 0;
+  px_queues_count(&s->srv->metrics.queues, k->qid, PX_QC_DELIVERED_NO_ACK,
+                  s->srv->cfg_gen + 1);
+  return true;
 }
 
 static inline bool px_frames_client_content(px_session *s,

@@ -593,11 +593,17 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
 
 /* What a frame means (a px_action): content frames that only pass take
  * the short path (px_frames.h). */
+/* `*plain`: px_frames_upstream_plain(s), kept up to date here (only a
+ * frame handled off the short path can change it). */
 static inline int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
-                           uint8_t *raw, px_chan **hold) {
-  if (from == &s->upstream)
-    return px_frames_upstream_content(s, f) ? PX_FORWARD
-                                            : px_frames_upstream(s, f, raw);
+                           uint8_t *raw, px_chan **hold, bool *plain) {
+  if (from == &s->upstream) {
+    if (*plain && px_frames_upstream_short(s, f))
+      return PX_FORWARD;
+    int act = px_frames_upstream(s, f, raw);
+    *plain = px_frames_upstream_plain(s);
+    return act;
+  }
   if (px_frames_client_content(s, f))
     return PX_FORWARD;
   if (px_life_conn_held(s))
@@ -670,7 +676,8 @@ static int split_frame(px_session *s, px_conn *from, px_conn *to,
                              first - AMQP_FRAME_HEADER_SIZE};
   s->split[1] = (amqp_bytes){c->data, rest - 1};
   px_chan *hold = NULL;
-  int act = dispatch(s, from, &f, raw, &hold);
+  bool plain = px_frames_upstream_plain(s);
+  int act = dispatch(s, from, &f, raw, &hold, &plain);
   memset(s->split, 0, sizeof s->split);
   px_out_run_begin(&s->out, to, h, h->off);
   if (act == PX_FORWARD)
@@ -722,6 +729,7 @@ static void process_input(px_session *s, px_conn *from) {
   uint64_t frames = rest ? 1 : 0;
   uint32_t tuned = s->frame_max, limit = frame_limit(s, from);
   bool go = begin_run(s, from, to, (uint32_t)rest);
+  bool plain = px_frames_upstream_plain(s);
   while (go && !px_life_closed(s)) {
     amqp_frame f;
     if (s->frame_max != tuned) { /* a tune-ok passed: the limit changes */
@@ -738,7 +746,7 @@ static void process_input(px_session *s, px_conn *from) {
     uint8_t *raw = c->data + c->off;
     px_chan *hold = NULL;
     frames++;
-    int act = dispatch(s, from, &f, raw, &hold);
+    int act = dispatch(s, from, &f, raw, &hold, &plain);
     c->off += (uint32_t)n;
     if (act == PX_FORWARD) { /* the common case: the run grows */
       px_out_run_extend(&s->out, c->off);

@@ -16,6 +16,9 @@
 #include <cmocka.h>
 
 #include "px_chan.h"
+#include "px_counters.h"
+#include "px_queues.h"
+#include "px_server.h"
 #include "px_track.h"
 #include "session_test.h"
 
@@ -193,10 +196,95 @@ static void test_nack_while_next_arrives(void **state) {
   check(h, want);
 }
 
+/* ---- the short path of no-ack deliveries (px_frames_upstream_short) ------ */
+
+/* The client consumes q on channel 1 with no-ack, tag `ctag`. */
+static void consume_noack(harness *h, const char *ctag) {
+  char line[256];
+  amqp_method m;
+  assert_int_equal(amqp_method_init(&m, AMQP_BASIC_CONSUME), AMQP_OK);
+  m.args[AMQP_F_BASIC_CONSUME_QUEUE].b = amqp_cstr("q");
+  m.args[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b = amqp_cstr(ctag);
+  m.args[AMQP_F_BASIC_CONSUME_NO_ACK].u = 1;
+  h_method(h, H_CLIENT, 1, &m);
+  snprintf(line, sizeof line, "ch1 basic.consume queue=q ctag=%s no-ack=1",
+           ctag);
+  h_expect(h, H_BROKER, line);
+  assert_int_equal(amqp_method_init(&m, AMQP_BASIC_CONSUME_OK), AMQP_OK);
+  m.args[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b = amqp_cstr(ctag);
+  h_method(h, H_BROKER, 1, &m);
+  snprintf(line, sizeof line, "ch1 basic.consume-ok ctag=%s", ctag);
+  h_expect(h, H_CLIENT, line);
+}
+
+static uint64_t delivered_no_ack(harness *h) {
+  px_queue_stat *st =
+      px_queues_at(&h->srv.metrics.queues, px_metrics_queue(&h->srv, "q"));
+  return st ? st->n[PX_QC_DELIVERED_NO_ACK] : 0;
+}
+
+/* A no-ack consumer's deliveries are counted, not tracked; once an acking
+ * consumer shares the channel, its deliveries are tracked and kept (a nack
+ * is a retry), and the no-ack one's still are not. */
+static void test_noack_then_acking_consumer(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  consume_noack(h, "n1");
+  for (uint64_t t = 1; t <= 3; t++)
+    h_deliver(h, 1, "n1", t, NULL, "hello", 5);
+  h_settle(h);
+  px_chan *c = px_tab_get(&h->s->by_client, 1);
+  assert_non_null(c);
+  assert_int_equal(delivered_no_ack(h), 3);
+  assert_int_equal(c->track.dl.r.n, 0);
+  h_skip(h, H_CLIENT);
+
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 4, NULL, "hello", 5);
+  h_deliver(h, 1, "n1", 5, NULL, "hello", 5);
+  h_settle(h);
+  assert_int_equal(delivered_no_ack(h), 4);
+  assert_non_null(px_track_find(c, 4));
+  assert_null(px_track_find(c, 5));
+  h_skip(h, H_CLIENT);
+  nack_copies(h, 4);
+}
+
+/* The channel number of a closed channel comes back as a new channel with
+ * an acking consumer: nothing remembered of the old one (the table's hint)
+ * lets its deliveries pass untracked. */
+static void test_reopened_channel_is_looked_up_afresh(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  consume_noack(h, "n1");
+  h_deliver(h, 1, "n1", 1, NULL, "hello", 5);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+  h_close(h, H_CLIENT, 1, 200, "bye");
+  h_expect(h, H_BROKER, "ch1 channel.close code=200 text=bye");
+  h_close_ok(h, H_BROKER, 1);
+  h_expect(h, H_CLIENT, "ch1 channel.close-ok");
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, NULL, "hello", 5);
+  h_settle(h);
+  px_chan *c = px_tab_get(&h->s->by_client, 1);
+  assert_non_null(c);
+  assert_non_null(px_track_find(c, 1));
+  assert_int_equal(delivered_no_ack(h), 1);
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_out_of_order_and_multiple, teardown),
+      cmocka_unit_test_teardown(test_noack_then_acking_consumer, teardown),
+      cmocka_unit_test_teardown(test_reopened_channel_is_looked_up_afresh,
+                                teardown),
       cmocka_unit_test_teardown(test_wrap_then_grow, teardown),
       cmocka_unit_test_teardown(test_holes_squeezed, teardown),
       cmocka_unit_test_teardown(test_nack_while_next_arrives, teardown),
