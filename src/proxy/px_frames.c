@@ -67,6 +67,24 @@ void px_frames_chan_release(px_session *s, px_chan *c) {
     px_own_open(s);
 }
 
+void px_frames_cancel_consumers(px_session *s) {
+  uint32_t at = 0;
+  amqp_method m;
+  for (px_chan *c; (c = px_tab_next(&s->by_client, &at));) {
+    for (uint32_t i = 0; c->state == PX_CH_OPEN && i < c->track.nconsumers;
+         i++) {
+      const px_consumer *k = &c->track.consumers[i];
+      if (amqp_method_init(&m, AMQP_BASIC_CANCEL) != AMQP_OK)
+        return;
+      m.args[AMQP_F_BASIC_CANCEL_CONSUMER_TAG].b =
+          (amqp_bytes){(const uint8_t *)k->tag, k->tag_len};
+      m.args[AMQP_F_BASIC_CANCEL_NO_WAIT].u = 1;
+      if (px_out_method(&s->out, &s->upstream, c->up_ch, &m) != PX_OUT_OK)
+        return;
+    }
+  }
+}
+
 void px_frames_chans_free(px_session *s) {
   uint32_t at = 0;
   for (px_chan *c; (c = px_tab_next(&s->by_client, &at));) {

@@ -110,6 +110,14 @@ static inline bool px_frames_client_content(px_session *s,
                            UINT64_MAX);
 }
 
+/* The client is gone while its copies are finished: cancel its consumers
+ * upstream (no-wait), so the broker stops delivering to a connection that
+ * drops what it gets (and would requeue it, marked redelivered, only when
+ * it closes: a copy back from its tier by then would lose its place).
+ * The acks of originals still go on their channels. An output failure is
+ * left in s->out. */
+void px_frames_cancel_consumers(px_session *s);
+
 /* Release every channel's state (the session is freed). */
 void px_frames_chans_free(px_session *s);
 /* Forget one channel (closed). */

@@ -141,6 +141,8 @@ static void on_retries_timeout(px_session *s) {
 }
 
 static void side_pressure(px_conn *side);
+static void check_out(px_session *s);
+static void side_flush(px_conn *side);
 
 /* Nothing more is written to the client (it is gone). Reading the broker
  * resumes if the client's backlog had paused it: the confirms of copies
@@ -172,6 +174,10 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
   s->close_reason =
       write_failed ? PX_CR_CLIENT_WRITE_FAILED : PX_CR_CLIENT_DISCONNECTED;
   px_life_phase(s, PX_PHASE_CLIENT_GONE);
+  px_frames_cancel_consumers(s);
+  check_out(s);
+  if (!px_life_closed(s))
+    side_flush(&s->upstream);
   return true;
 }
 

@@ -587,8 +587,12 @@ static void set_timer(px_workers *set, uv_timer_t *t, void *data) {
 }
 
 static int start_parent(px_workers *set, char **argv) {
+  /* /proc/self/exe in the forked child is this very binary, even after
+   * a package upgrade replaced the file: every worker runs one version */
   size_t size = sizeof set->exe;
-  int rc = uv_exepath(set->exe, &size);
+  int rc = access("/proc/self/exe", X_OK) == 0
+               ? (snprintf(set->exe, sizeof set->exe, "/proc/self/exe"), 0)
+               : uv_exepath(set->exe, &size);
   if (rc == 0)
     rc = copy_env(set);
   if (rc == 0 && !(set->w = calloc(set->n, sizeof *set->w)))

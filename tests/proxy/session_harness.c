@@ -653,6 +653,11 @@ static void describe_method(const amqp_frame *f, char *line, size_t cap) {
     put_str(&o, end, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b);
     put_fmt(&o, end, " no-ack=%u", (unsigned)a[AMQP_F_BASIC_CONSUME_NO_ACK].u);
     break;
+  case AMQP_BASIC_CANCEL:
+    put_fmt(&o, end, " ctag=");
+    put_str(&o, end, a[AMQP_F_BASIC_CANCEL_CONSUMER_TAG].b);
+    put_fmt(&o, end, " no-wait=%u", (unsigned)a[AMQP_F_BASIC_CANCEL_NO_WAIT].u);
+    break;
   case AMQP_BASIC_CONSUME_OK:
     put_fmt(&o, end, " ctag=");
     put_str(&o, end, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b);

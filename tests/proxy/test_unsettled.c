@@ -278,11 +278,30 @@ static void test_reopened_channel_is_looked_up_afresh(void **state) {
   assert_int_equal(delivered_no_ack(h), 1);
 }
 
+/* The client goes while a copy is unconfirmed: rebound finishes the copy
+ * on the upstream connection, and first cancels the client's consumer
+ * there (no-wait), so the broker delivers nothing more to a connection
+ * that would only drop it. */
+static void test_gone_client_consumers_cancelled(void **state) {
+  harness *h = consuming(state, 2);
+  h_skip(h, H_CLIENT);
+  nack_copies(h, 1);
+  h_skip(h, H_BROKER);
+  h_eof(h, H_CLIENT, UV_EOF);
+  h_settle(h);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
+  /* the copy still gets its confirm and the original its ack */
+  h_ack(h, H_BROKER, h->own_ch, 1, false);
+  h_settle(h);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_out_of_order_and_multiple, teardown),
       cmocka_unit_test_teardown(test_noack_then_acking_consumer, teardown),
+      cmocka_unit_test_teardown(test_gone_client_consumers_cancelled, teardown),
       cmocka_unit_test_teardown(test_reopened_channel_is_looked_up_afresh,
                                 teardown),
       cmocka_unit_test_teardown(test_wrap_then_grow, teardown),
