@@ -507,6 +507,7 @@ static void test_close_client_eof_copy_in_flight(void **state) {
   h_nack(h, H_CLIENT, 1, 1, false, true);
   expect_copy(h, true, 5);
   h_eof(h, H_CLIENT, UV_EOF);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER);
   assert_false(h_peer(h, H_BROKER)->shut);
   confirm(h, 1, false);
@@ -594,6 +595,7 @@ static void test_close_client_gone_copy_never_confirmed(void **state) {
   expect_copy(h, true, 5);
   h_eof(h, H_CLIENT, UV_EOF);
   gone_as(h, "client disconnected (retries pending timed out)");
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER);
 }
 
@@ -612,6 +614,7 @@ static void test_close_client_write_failed_copy_never_confirmed(void **state) {
   h_settle(h);
   h_eof(h, H_CLIENT, UV_ECONNRESET);
   gone_as(h, "client write failed (retries pending timed out)");
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER);
 }
 
@@ -1080,6 +1083,7 @@ static void test_close_drain_client_gone_finishes_copy(void **state) {
   px_session_drain(h->s);
   h_wait_ms(h, PX_CLOSE_WAIT_MS + 500);
   assert_non_null(h->s);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER);
   confirm(h, 1, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
@@ -1356,6 +1360,7 @@ static void test_consumer_lost_counts_the_redelivered_head(void **state) {
   deliver_again(h, 2);
   h_eof(h, H_CLIENT, UV_EOF);
   expect_copy(h, true, 5);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER);
   confirm(h, 1, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
@@ -1390,6 +1395,7 @@ static void test_consumer_lost_not_with_held_frames(void **state) {
   h_ack(h, H_CLIENT, 1, 1, false);          /* held behind that */
   h_expect_none(h, H_BROKER);
   h_eof(h, H_CLIENT, UV_EOF);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER); /* no copy of delivery 1 */
   confirm(h, 1, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
@@ -1414,6 +1420,7 @@ static void test_consumer_lost_not_after_connection_close(void **state) {
   connection_close(close);
   h_send(h, H_CLIENT, close->p, close->len);
   h_eof(h, H_CLIENT, UV_EOF);
+  h_expect(h, H_BROKER, "ch1 basic.cancel ctag=c1 no-wait=1");
   h_expect_none(h, H_BROKER); /* no copy of delivery 1 */
   confirm(h, 1, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
