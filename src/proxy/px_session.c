@@ -724,6 +724,27 @@ static bool begin_run(px_session *s, px_conn *from, px_conn *to,
   return true;
 }
 
+/* From the broker, while the session is not ending: `f` (parsed, `n`
+ * bytes) and the frames after it, as long as the short path takes them,
+ * forwarded with nothing else to do per frame (the short path changes
+ * neither the frame limit nor the session's phase). Returns the parse
+ * result of the first frame it does not take, in `f`, with c->off at it. */
+static inline long upstream_run(px_session *s, px_chunk *c, long n,
+                                amqp_frame *f, uint32_t limit,
+                                uint64_t *frames) {
+  uint32_t off = c->off;
+  while (n > 0 && px_frames_upstream_short(s, f)) {
+    off += (uint32_t)n;
+    (*frames)++;
+    n = amqp_frame_parse(c->data + off, c->len - off, limit, f);
+  }
+  if (off != c->off) {
+    c->off = off;
+    px_out_run_extend(&s->out, off);
+  }
+  return n;
+}
+
 static void process_input(px_session *s, px_conn *from) {
   px_chunk *c = from->in;
   px_conn *to = other_side(s, from);
@@ -743,6 +764,8 @@ static void process_input(px_session *s, px_conn *from) {
       limit = frame_limit(s, from);
     }
     long n = amqp_frame_parse(c->data + c->off, c->len - c->off, limit, &f);
+    if (plain && n > 0 && from == &s->upstream)
+      n = upstream_run(s, c, n, &f, limit, &frames);
     if (n == AMQP_PARTIAL)
       break;
     if (n < 0) {
