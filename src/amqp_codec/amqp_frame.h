@@ -68,7 +68,7 @@ static inline long amqp_frame_parse(const uint8_t *buf, size_t len,
     if (known && len - AMQP_FRAME_HEADER_SIZE > size &&
         /* size + overhead <= frame_max, or frame_max 0 (no limit: 0 - 1
            wraps to the largest value) */
-        (uint64_t)size + AMQP_FRAME_OVERHEAD - 1 < (uint64_t)frame_max - 1 &&
+        (uint64_t)size + AMQP_FRAME_OVERHEAD - 1 <= (uint64_t)frame_max - 1 &&
         buf[AMQP_FRAME_HEADER_SIZE + size] == AMQP_FRAME_END) {
       f->type = type;
       f->channel = (uint16_t)(buf[1] << 8 | buf[2]);
