@@ -71,8 +71,10 @@ void px_frames_cancel_consumers(px_session *s) {
   uint32_t at = 0;
   amqp_method m;
   for (px_chan *c; (c = px_tab_next(&s->by_client, &at));) {
-    for (uint32_t i = 0; c->state == PX_CH_OPEN && i < c->track.nconsumers;
-         i++) {
+    /* not in the middle of the client's content: the broker waits for
+     * its body frames there, and a method would be a 505 */
+    bool between = c->state == PX_CH_OPEN && c->c2u == PX_CONTENT_NONE;
+    for (uint32_t i = 0; between && i < c->track.nconsumers; i++) {
       const px_consumer *k = &c->track.consumers[i];
       if (amqp_method_init(&m, AMQP_BASIC_CANCEL) != AMQP_OK)
         return;

@@ -75,7 +75,8 @@ static inline bool px_frames_upstream_plain(const px_session *s) {
 }
 
 /* The caller has checked px_frames_upstream_plain(s), and checks it again
- * after anything else has handled a frame (only that can change it). */
+ * after anything else has handled a frame or run the release queue (only
+ * those can change it). */
 static inline bool px_frames_upstream_short(px_session *s,
                                             const amqp_frame *f) {
   if (f->channel == s->own_ch)
@@ -114,8 +115,10 @@ static inline bool px_frames_client_content(px_session *s,
  * upstream (no-wait), so the broker stops delivering to a connection that
  * drops what it gets (and would requeue it, marked redelivered, only when
  * it closes: a copy back from its tier by then would lose its place).
- * The acks of originals still go on their channels. An output failure is
- * left in s->out. */
+ * The acks of originals still go on their channels. A channel in the
+ * middle of the client's content is left as it is (a method there is a
+ * 505); so are consumers whose consume-ok has not come. An output failure
+ * is left in s->out. */
 void px_frames_cancel_consumers(px_session *s);
 
 /* Release every channel's state (the session is freed). */

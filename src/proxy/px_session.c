@@ -599,8 +599,9 @@ static bool input_wanted(px_session *s, px_conn *from, px_chunk *c) {
 
 /* What a frame means (a px_action): content frames that only pass take
  * the short path (px_frames.h). */
-/* `*plain`: px_frames_upstream_plain(s), kept up to date here (only a
- * frame handled off the short path can change it). */
+/* `*plain`: px_frames_upstream_plain(s), kept up to date here and by the
+ * read loop (only a frame handled off the short path, or what its release
+ * queue then runs, can change it). */
 static inline int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
                            uint8_t *raw, px_chan **hold, bool *plain) {
   if (from == &s->upstream) {
@@ -784,8 +785,10 @@ static void process_input(px_session *s, px_conn *from) {
     if (px_out_run_flush(&s->out, c->off) != PX_OUT_OK ||
         keep_frame(s, act, c, raw, (uint32_t)n, hold) != 0 || act == PX_STOP)
       break;
-    if (s->relq.n || s->idle_due) /* what this frame released goes now */
+    if (s->relq.n || s->idle_due) { /* what this frame released goes now */
       after_event(s);
+      plain = px_frames_upstream_plain(s); /* a released frame may close */
+    }
     if (px_out_failed(&s->out))
       break;
   }
