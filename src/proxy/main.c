@@ -56,6 +56,16 @@ static void raise_fd_limit(void) {
     px_info("fd_limit_raised", PX_U("from", soft), PX_U("to", rl.rlim_max));
 }
 
+/* Before anything else: a write to a closed socket is an error, not a
+ * signal; and in a worker (px_workers.h), a reload worker 0 passes on
+ * before this process has its handlers must not end it (it is reading the
+ * config now anyway). */
+static void early_signals(void) {
+  signal(SIGPIPE, SIG_IGN);
+  if (getenv("REBOUND_WORKER"))
+    signal(SIGHUP, SIG_IGN);
+}
+
 int main(int argc, char **argv) {
   px_config *cfg = malloc(sizeof *cfg); /* freed by px_server_free */
   char err[512];
@@ -64,9 +74,9 @@ int main(int argc, char **argv) {
 
   if (!cfg)
     return 1;
+  early_signals();
   if (argc > 1 && strcmp(argv[1], "dlq") == 0) {
     free(cfg);
-    signal(SIGPIPE, SIG_IGN);
     return px_dlq_cli_main(argc - 1, argv + 1, env_get);
   }
   switch (px_config_load(cfg, argc, argv, env_get, err, sizeof err)) {
@@ -89,7 +99,6 @@ int main(int argc, char **argv) {
   px_log_set_format(cfg->log_format);
   if (cfg->workers > 1)
     px_log_set_worker((int)cfg->worker);
-  signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
   if (uv_loop_init(&loop) != 0)
     return 1;

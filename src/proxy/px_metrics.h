@@ -8,6 +8,7 @@
 #ifndef PX_METRICS_H
 #define PX_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,9 +24,12 @@ void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);
  * one, appended to `resp`: each family once, in the order first seen;
  * each series once, its values summed, except rebound_ready,
  * rebound_uptime_seconds and rebound_tls_certificate_expiry_seconds (the
- * first text's) and rebound_unsettled_oldest_seconds (the largest).
- * Returns 0, or -1 when out of memory. */
-int px_metrics_merge(const char *const *texts, const size_t *lens, unsigned n,
+ * first text's) and rebound_unsettled_oldest_seconds (the largest). Of a
+ * text with counters_only[i] (counters_only may be NULL: none), only the
+ * series of counter and histogram families count. Returns 0, or -1 when
+ * out of memory. */
+int px_metrics_merge(const char *const *texts, const size_t *lens,
+                     const bool *counters_only, unsigned n,
                      struct px_admin_response *resp);
 
 /* /v1/status: listeners, sessions (peer, user, vhost, channels, bytes,

@@ -179,9 +179,19 @@ static int take_sample(merge *m, int f, const char *line, size_t len) {
   return 0;
 }
 
-static int take_text(merge *m, const char *t, size_t len) {
+/* A "# TYPE NAME KIND" line: whether KIND sums across restarts. */
+static bool monotonic(const char *line, size_t n) {
+  const char *sp = line + n;
+  while (sp > line && sp[-1] != ' ')
+    sp--;
+  size_t k = (size_t)(line + n - sp);
+  return (k == 7 && memcmp(sp, "counter", 7) == 0) ||
+         (k == 9 && memcmp(sp, "histogram", 9) == 0);
+}
+
+static int take_text(merge *m, const char *t, size_t len, bool only) {
   int f = -1;
-  bool in_new_head = false;
+  bool in_new_head = false, skip = false;
   for (const char *p = t, *end = t + len; p < end;) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
@@ -190,9 +200,11 @@ static int take_text(merge *m, const char *t, size_t len) {
     if (help) {
       if ((f = family_of(m, p, n, &in_new_head)) < 0)
         return -1;
+    } else if (n > 7 && memcmp(p, "# TYPE ", 7) == 0) {
+      skip = only && !monotonic(p, n); /* and part of the head */
     } else if (n > 0 && p[0] == '#') {
-      /* TYPE: part of the head being read */
-    } else if (n > 0) {
+      /* another comment: part of the head being read */
+    } else if (n > 0 && !skip) {
       in_new_head = false;
       rc = take_sample(m, f, p, n);
     }
@@ -220,13 +232,14 @@ static void render(const merge *m, px_admin_response *r) {
   }
 }
 
-int px_metrics_merge(const char *const *texts, const size_t *lens, unsigned n,
+int px_metrics_merge(const char *const *texts, const size_t *lens,
+                     const bool *counters_only, unsigned n,
                      px_admin_response *r) {
   merge m;
   int rc = 0;
   memset(&m, 0, sizeof m);
   for (unsigned i = 0; i < n && rc == 0; i++)
-    rc = take_text(&m, texts[i], lens[i]);
+    rc = take_text(&m, texts[i], lens[i], counters_only && counters_only[i]);
   if (rc == 0)
     render(&m, r);
   free(m.fam);

@@ -204,10 +204,14 @@ void px_server_op_done(px_server *srv) {
 /* Worker 0 gone (drain, as on SIGTERM), or a worker exited while
  * draining (the drain may be over). */
 static void worker_event(px_server *srv, px_workers_event ev) {
-  if (ev == PX_WORKERS_PARENT_GONE)
+  if (ev == PX_WORKERS_PARENT_GONE) {
     px_server_drain(srv, SIGTERM);
-  else
+  } else if (srv->drain_expired && !px_workers_running(srv)) {
+    px_server_stop(srv); /* as on_drain_timeout would have */
+    uv_stop(srv->loop);
+  } else {
     stop_loop_if_done(srv);
+  }
 }
 
 int px_server_start_workers(px_server *srv, char **argv) {
@@ -222,6 +226,7 @@ static void on_drain_timeout(uv_timer_t *t) {
   while (srv->sessions)
     px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
   if (px_workers_running(srv)) { /* each has its own drain timeout */
+    srv->drain_expired = true;   /* the last one's exit ends the loop */
     px_workers_deadline(srv);
     return;
   }
@@ -331,11 +336,33 @@ static void on_sigusr(uv_signal_t *sig, int signum) {
   signal_ignored(signum, "no action for this signal");
 }
 
+/* Whether `sa` can be bound by a socket without SO_REUSEPORT: with it, a
+ * second rebound would otherwise share the port with the first instead of
+ * failing as it does with one worker. 0 or a negative libuv error. */
+static int probe_port(const struct sockaddr *sa) {
+  int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), rc = 0;
+  int one = 1;
+  if (fd < 0)
+    return uv_translate_sys_error(errno);
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  socklen_t len = sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                            : sizeof(struct sockaddr_in);
+  if (bind(fd, sa, len) != 0)
+    rc = uv_translate_sys_error(errno);
+  close(fd);
+  return rc;
+}
+
 /* Under --workers: the listener's socket made here with SO_REUSEPORT, so
  * that every worker can bind the same address (libuv has no flag for
  * it). 0 or a negative libuv error. */
-static int share_port(uv_tcp_t *l, const struct sockaddr *sa) {
+static int share_port(px_server *srv, uv_tcp_t *l, const struct sockaddr *sa) {
   int one = 1;
+  if (srv->cfg->worker == 0) { /* held by another process: refuse */
+    int rc = probe_port(sa);
+    if (rc != 0)
+      return rc;
+  }
   int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return uv_translate_sys_error(errno);
@@ -372,7 +399,7 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a,
     return NULL;
   }
   l->data = srv;
-  rc = srv->cfg->workers > 1 ? share_port(l, (struct sockaddr *)&ss) : 0;
+  rc = srv->cfg->workers > 1 ? share_port(srv, l, (struct sockaddr *)&ss) : 0;
   if (rc == 0)
     rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
   if (rc == 0)

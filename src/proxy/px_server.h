@@ -126,7 +126,8 @@ typedef struct px_server {
   unsigned dlq_ops; /* admin dead-letter operations running: a drain
                        waits for them too */
   bool draining;
-  bool stopped; /* px_server_stop has run */
+  bool drain_expired; /* the drain timeout has passed (waiting for workers) */
+  bool stopped;       /* px_server_stop has run */
   px_stats stats;
   px_metrics_store metrics;
   uint64_t started_ms;

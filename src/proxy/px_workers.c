@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -57,6 +58,8 @@ typedef struct worker {
   char *in;      /* the answer being read */
   size_t in_len, in_cap;
   size_t want; /* its length, once the header is read (+ header) */
+  char *last;  /* its last /metrics answer (NULL: none yet) */
+  size_t last_len;
 } worker;
 
 typedef struct px_workers {
@@ -67,13 +70,17 @@ typedef struct px_workers {
   uv_timer_t ask_timer, kill_timer;
   unsigned handles; /* open handles of the set: freed at 0 */
   bool stopping;
+  /* the counters of workers that exited, summed at their last answers,
+   * so that merged counters never go back (NULL: none) */
+  char *retired;
+  size_t retired_len;
   void (*event)(px_server *srv, px_workers_event ev);
   uint64_t restarts;
   char exe[4096];
   char **argv;
   char **env; /* environ plus REBOUND_WORKER=k (the last slot) */
   size_t nenv;
-  char env_worker[32];
+  char env_worker[32], env_workers[32];
   /* a worker's end of its control socket */
   uv_pipe_t ctl;
   bool ctl_open;
@@ -94,9 +101,12 @@ static void set_free(px_workers *set) {
     set->queries = q->next;
     query_free(set, q);
   }
-  for (unsigned k = 0; set->w && k < set->n; k++)
+  for (unsigned k = 0; set->w && k < set->n; k++) {
     free(set->w[k].in);
+    free(set->w[k].last);
+  }
   free(set->w);
+  free(set->retired);
   free(set->env);
   free(set);
 }
@@ -173,6 +183,38 @@ static void on_ask_timer(uv_timer_t *t) {
   queries_advance(t->data);
 }
 
+/* A worker's latest /metrics answer, kept for when it does not answer in
+ * time (its counters must not seem to go back). */
+static void keep_last(worker *w, const char *doc, size_t len) {
+  char *copy = malloc(len + 1);
+  if (!copy)
+    return;
+  memcpy(copy, doc, len + 1);
+  free(w->last);
+  w->last = copy;
+  w->last_len = len;
+}
+
+/* A worker exited: the counters of its last answer join the retired sum. */
+static void retire(px_workers *set, worker *w) {
+  const char *texts[2] = {set->retired ? set->retired : "", w->last};
+  size_t lens[2] = {set->retired_len, w->last_len};
+  static const bool counters_only[2] = {true, true};
+  px_admin_response r;
+  if (!w->last)
+    return;
+  memset(&r, 0, sizeof r);
+  if (px_metrics_merge(texts, lens, counters_only, 2, &r) == 0 && !r.failed) {
+    free(set->retired);
+    set->retired = r.body;
+    set->retired_len = r.len;
+  } else {
+    free(r.body);
+  }
+  free(w->last);
+  w->last = NULL;
+}
+
 /* A worker's answer (`doc` malloc'ed, or NULL when it could not render):
  * to the oldest query that waits for it. */
 static void query_answered(px_workers *set, worker *w, char *doc, size_t len) {
@@ -181,6 +223,8 @@ static void query_answered(px_workers *set, worker *w, char *doc, size_t len) {
       q->got[w->index] = true;
       q->doc[w->index] = doc;
       q->len[w->index] = len;
+      if (q->kind == 'M' && doc)
+        keep_last(w, doc, len);
       w->owed--;
       queries_advance(set);
       return;
@@ -348,22 +392,30 @@ static void answer_status(px_workers *set, query *q, px_admin_response *r) {
 
 static void answer_metrics(px_workers *set, query *q, px_admin_response *r) {
   px_admin_response own;
-  const char *texts[PX_MAX_WORKERS];
-  size_t lens[PX_MAX_WORKERS];
-  unsigned n = 0, running = 1;
+  const char *texts[PX_MAX_WORKERS + 1];
+  size_t lens[PX_MAX_WORKERS + 1];
+  bool only[PX_MAX_WORKERS + 1] = {false};
+  unsigned n = 0, running = 1, answered = 1;
   memset(&own, 0, sizeof own);
   render_here(set->srv, 'M', &own);
   texts[n] = own.body ? own.body : "";
   lens[n++] = own.len;
   for (unsigned k = 1; k < set->n; k++) {
-    running += set->w[k].running;
-    if (q->doc[k]) {
-      texts[n] = q->doc[k];
-      lens[n++] = q->len[k];
+    const worker *w = &set->w[k];
+    running += w->running;
+    answered += q->doc[k] != NULL;
+    if (w->running && w->last) { /* this answer, or the one before */
+      texts[n] = w->last;
+      lens[n++] = w->last_len;
     }
   }
+  if (set->retired) {
+    only[n] = true;
+    texts[n] = set->retired;
+    lens[n++] = set->retired_len;
+  }
   r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-  if (own.failed || px_metrics_merge(texts, lens, n, r) != 0)
+  if (own.failed || px_metrics_merge(texts, lens, only, n, r) != 0)
     r->failed = true;
   free(own.body);
   px_admin_printf(r,
@@ -373,24 +425,29 @@ static void answer_metrics(px_workers *set, query *q, px_admin_response *r) {
                   "# HELP rebound_workers_running Worker processes running\n"
                   "# TYPE rebound_workers_running gauge\n"
                   "rebound_workers_running %u\n"
-                  "# HELP rebound_workers_answered Workers whose figures "
-                  "this answer sums (the others did not answer in time)\n"
+                  "# HELP rebound_workers_answered Workers that answered "
+                  "this scrape (the others' figures are from their last "
+                  "answer)\n"
                   "# TYPE rebound_workers_answered gauge\n"
                   "rebound_workers_answered %u\n"
                   "# HELP rebound_worker_restarts_total Workers started "
                   "again after they exited\n"
                   "# TYPE rebound_worker_restarts_total counter\n"
                   "rebound_worker_restarts_total %llu\n",
-                  set->n, running, n, (unsigned long long)set->restarts);
+                  set->n, running, answered, (unsigned long long)set->restarts);
+}
+
+static void answer_into(px_workers *set, query *q, px_admin_response *r) {
+  if (q->kind == 'M')
+    answer_metrics(set, q, r);
+  else
+    answer_status(set, q, r);
 }
 
 static void answer_query(px_workers *set, query *q) {
   px_admin_response *r = q->resp;
   q->resp = NULL;
-  if (q->kind == 'M')
-    answer_metrics(set, q, r);
-  else
-    answer_status(set, q, r);
+  answer_into(set, q, r);
   px_admin_resume(r);
 }
 
@@ -403,11 +460,17 @@ bool px_workers_render(px_server *srv, int kind, px_admin_response *r) {
     r->failed = true;
     return true;
   }
-  q->resp = r;
+  bool any = false;
   q->kind = kind;
   q->deadline_ms = uv_now(srv->loop) + PX_WORKERS_ASK_MS;
   for (unsigned k = 1; k < set->n; k++)
-    q->asked[k] = ask(&set->w[k], kind);
+    any |= q->asked[k] = ask(&set->w[k], kind);
+  if (!any) { /* none to wait for: answered now, not deferred */
+    answer_into(set, q, r);
+    free(q);
+    return true;
+  }
+  q->resp = r;
   query **tail = &set->queries;
   while (*tail)
     tail = &(*tail)->next;
@@ -537,6 +600,7 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int signum) {
   worker_close(w, (uv_handle_t *)&w->proc);
   worker_close(w, (uv_handle_t *)&w->ctl);
   queries_forget(set, w);
+  retire(set, w);
   if (set->srv->draining || set->stopping) {
     px_info("worker_exited", PX_U("index", w->index), PX_I("pid", w->pid),
             PX_I("status", status), PX_I("signal", signum));
@@ -562,17 +626,24 @@ static void on_kill_timer(uv_timer_t *t) {
   kill_running(t->data, "still running after the drain timeout");
 }
 
-/* The environment of the workers: this one's plus REBOUND_WORKER (set at
+/* The environment of the workers: this one's, REBOUND_WORKERS set to this
+ * process's number (so that a file changed since, read again by a
+ * respawned worker or on SIGHUP, cannot make them disagree: the variable
+ * beats the file, and the flags are the same), and REBOUND_WORKER (set at
  * each spawn, in the last slot). */
 static int copy_env(px_workers *set) {
   size_t n = 0, j = 0;
   while (environ[n])
     n++;
-  if (!(set->env = calloc(n + 2, sizeof *set->env)))
+  if (!(set->env = calloc(n + 3, sizeof *set->env)))
     return UV_ENOMEM;
   for (size_t i = 0; i < n; i++)
-    if (strncmp(environ[i], "REBOUND_WORKER=", 15) != 0)
+    if (strncmp(environ[i], "REBOUND_WORKER=", 15) != 0 &&
+        strncmp(environ[i], "REBOUND_WORKERS=", 16) != 0)
       set->env[j++] = environ[i];
+  snprintf(set->env_workers, sizeof set->env_workers, "REBOUND_WORKERS=%u",
+           set->n);
+  set->env[j++] = set->env_workers;
   set->env[j] = set->env_worker;
   set->nenv = j;
   return 0;
@@ -620,7 +691,10 @@ static int start_child(px_workers *set) {
   set->ctl.data = set;
   set->ctl_open = true;
   set->handles++;
-  int rc = uv_pipe_open(&set->ctl, CTL_FD);
+  struct stat st;
+  int rc = fstat(CTL_FD, &st) != 0 || !S_ISSOCK(st.st_mode)
+               ? UV_ENOTSOCK
+               : uv_pipe_open(&set->ctl, CTL_FD);
   if (rc == 0)
     rc = uv_read_start((uv_stream_t *)&set->ctl, on_req_alloc, on_request);
   if (rc != 0)

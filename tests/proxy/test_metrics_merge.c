@@ -3,6 +3,7 @@
  * the series of one process's state). */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,15 +14,20 @@
 #include "px_admin.h"
 #include "px_metrics.h"
 
-static char *merged(const char *const *texts, unsigned n) {
+static char *merged_only(const char *const *texts, const bool *only,
+                         unsigned n) {
   size_t lens[8];
   px_admin_response r;
   memset(&r, 0, sizeof r);
   for (unsigned i = 0; i < n; i++)
     lens[i] = strlen(texts[i]);
-  assert_int_equal(px_metrics_merge(texts, lens, n, &r), 0);
+  assert_int_equal(px_metrics_merge(texts, lens, only, n, &r), 0);
   assert_false(r.failed);
   return r.body;
+}
+
+static char *merged(const char *const *texts, unsigned n) {
+  return merged_only(texts, NULL, n);
 }
 
 #define FAM(name, type)                                                        \
@@ -116,6 +122,22 @@ static void test_histogram_buckets_sum(void **state) {
   free(out);
 }
 
+/* The counters of exited workers (a counters-only text) still count; their
+ * gauges do not. */
+static void test_counters_only_text(void **state) {
+  (void)state;
+  const char *t[] = {
+      FAM("a_total", "counter") "a_total 3\n" FAM("g", "gauge") "g 1\n",
+      FAM("a_total", "counter") "a_total 10\n" FAM("g", "gauge") "g 5\n" FAM(
+          "d_seconds", "histogram") "d_seconds_count 2\n"};
+  const bool only[] = {false, true};
+  char *out = merged_only(t, only, 2);
+  assert_non_null(strstr(out, "\na_total 13\n"));
+  assert_non_null(strstr(out, "\ng 1\n"));
+  assert_non_null(strstr(out, "\nd_seconds_count 2\n"));
+  free(out);
+}
+
 /* Many series: the table grows and every one is still found once. */
 static void test_many_series(void **state) {
   (void)state;
@@ -149,6 +171,7 @@ int main(void) {
       cmocka_unit_test(test_series_only_some_workers_have),
       cmocka_unit_test(test_one_process_state_is_not_summed),
       cmocka_unit_test(test_histogram_buckets_sum),
+      cmocka_unit_test(test_counters_only_text),
       cmocka_unit_test(test_many_series),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

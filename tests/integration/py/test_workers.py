@@ -141,8 +141,20 @@ def test_sighup_reloads_every_worker(rebound_factory, tmp_path):
 def test_a_killed_worker_is_started_again(rebound_factory, broker):
     rb = start(rebound_factory, 2)
     first = pids(rb)
+    conns = [rb.pika(broker) for _ in range(12)]
+    per = sessions_by_worker(rb)
+    assert per[1] >= 1, per
+    before = metrics(rb.admin_port)["rebound_client_connections_total"]
+    assert before == 12
     os.kill(first[1], signal.SIGKILL)
     rb.wait_log("worker_died", index=1, signal=int(signal.SIGKILL))
+    # before it is back: answered at once, by worker 0 alone, and the
+    # dead worker's counters do not go back
+    m = metrics(rb.admin_port)
+    if m["rebound_workers_running"] == 1:
+        assert m["rebound_workers_answered"] == 1
+    assert m["rebound_client_connections_total"] == 12
+    assert m["rebound_client_connections"] == 12 - per[1]
     rbtest.wait_until(lambda: len(rb.log_lines("listening")) >= 3, 10,
                       "the new worker to listen")
     now = pids(rb)
@@ -151,12 +163,46 @@ def test_a_killed_worker_is_started_again(rebound_factory, broker):
     m = metrics(rb.admin_port)
     assert m["rebound_worker_restarts_total"] == 1
     assert m["rebound_workers_running"] == 2
+    assert m["rebound_client_connections_total"] == 12
+    for c in conns:
+        try:
+            c.close()
+        except Exception:  # those of the killed worker are gone
+            pass
     conns = [rb.pika(broker) for _ in range(8)]
     for c in conns:
         assert round_trip(c, b"after") == b"after"
     assert sorted(sessions_by_worker(rb)) == [0, 1]
+    assert metrics(rb.admin_port)["rebound_client_connections_total"] == 20
     for c in conns:
         c.close()
+
+
+def test_a_new_number_of_workers_in_the_file_waits_for_a_restart(
+        rebound_factory, tmp_path):
+    cfg = tmp_path / "rebound.yaml"
+    cfg.write_text("workers: 3\n")
+    rb = admin_rebound(rebound_factory, "--config", str(cfg))
+    rbtest.wait_until(lambda: len(rb.log_lines("listening")) >= 3, 20,
+                      "every worker to listen")
+    cfg.write_text("workers: 2\n")
+    rb.signal(signal.SIGHUP)
+    rbtest.wait_until(lambda: len(rb.log_lines("config_reloaded")) == 3, 10,
+                      "every worker to reload")
+    assert not rb.log_lines("config_reload_failed")
+    assert rb.log_lines("config_reload_workers_kept", worker=0)
+    assert metrics(rb.admin_port)["rebound_workers_running"] == 3
+
+
+def test_a_port_another_rebound_holds_is_refused(rebound_factory, broker):
+    import subprocess
+    rb = start(rebound_factory, 2)
+    r = subprocess.run([rbtest.BIN, "--workers", "2", "--listen", rb.addr,
+                        "--admin", "off", "--upstream", broker.addr],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 1, r.stderr
+    assert "msg=listen_bind_failed" in r.stderr
+    assert "address already in use" in r.stderr
 
 
 def test_workers_drain_when_the_first_process_is_gone(tmp_path, broker):
