@@ -265,36 +265,35 @@ static int parse_CONN_MODE(bool *shared, const char *v) {
   return 0;
 }
 
-/* "auto" (0: px_server sizes it from the file descriptor limit) or a
- * count. */
-static int parse_LIMIT(uint32_t *field, const char *v) {
+/* A whole number from 1 to `max`, or "auto" (then `auto_value`). */
+static int parse_count(uint32_t *field, const char *v, long max,
+                       uint32_t auto_value) {
   char *end;
   if (strcmp(v, "auto") == 0) {
-    *field = 0;
+    *field = auto_value;
     return 0;
   }
   errno = 0;
   long n = strtol(v, &end, 10);
-  if (end == v || *end || errno || n < 1 || n > PX_MAX_CONNECTIONS_LIMIT)
+  if (end == v || *end || errno || n < 1 || n > max)
     return -1;
   *field = (uint32_t)n;
   return 0;
 }
 
+/* "auto" (0: px_server sizes it from the file descriptor limit) or a
+ * count. */
+static int parse_LIMIT(uint32_t *field, const char *v) {
+  return parse_count(field, v, PX_MAX_CONNECTIONS_LIMIT, 0);
+}
+
 /* "auto" (one per CPU libuv sees, at most PX_MAX_WORKERS) or a count. */
 static int parse_WORKERS(uint32_t *field, const char *v) {
-  char *end;
-  if (strcmp(v, "auto") == 0) {
-    unsigned n = uv_available_parallelism();
-    *field = n < 1 ? 1 : n > PX_MAX_WORKERS ? PX_MAX_WORKERS : n;
-    return 0;
-  }
-  errno = 0;
-  long n = strtol(v, &end, 10);
-  if (end == v || *end || errno || n < 1 || n > PX_MAX_WORKERS)
-    return -1;
-  *field = (uint32_t)n;
-  return 0;
+  unsigned cpus = uv_available_parallelism();
+  return parse_count(field, v, PX_MAX_WORKERS,
+                     cpus < 1                ? 1
+                     : cpus > PX_MAX_WORKERS ? PX_MAX_WORKERS
+                                             : cpus);
 }
 
 #define PARSE_PATH(c, field, v) parse_PATH(c, (c)->field, sizeof(c)->field, v)
