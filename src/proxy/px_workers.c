@@ -79,7 +79,6 @@ typedef struct px_workers {
   char exe[4096];
   char **argv;
   char **env; /* environ plus REBOUND_WORKER=k (the last slot) */
-  size_t nenv;
   char env_worker[32], env_workers[32];
   /* a worker's end of its control socket */
   uv_pipe_t ctl;
@@ -645,7 +644,6 @@ static int copy_env(px_workers *set) {
            set->n);
   set->env[j++] = set->env_workers;
   set->env[j] = set->env_worker;
-  set->nenv = j;
   return 0;
 }
 
