@@ -9,10 +9,11 @@ import signal
 import time
 
 import pytest
-from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
+from pika.exceptions import ConnectionClosedByBroker
 
 import rbtest
 from test_admin import admin_rebound, get, metrics
+from test_shutdown import pump_until_closed
 
 
 def start(factory, n, *args, **kw):
@@ -87,15 +88,6 @@ def test_connections_land_on_every_worker(rebound_factory, broker):
     rbtest.wait_until(
         lambda: metrics(rb.admin_port)["rebound_client_connections"] == 0, 10,
         "every worker to see its clients go")
-
-
-def pump_until_closed(conn, deadline):
-    while time.monotonic() < deadline:
-        try:
-            conn.process_data_events(time_limit=0.1)
-        except AMQPConnectionError as e:
-            return e
-    return None
 
 
 def test_sigterm_drains_every_worker(rebound_factory, broker):
