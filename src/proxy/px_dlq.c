@@ -25,6 +25,8 @@
 
 #define CH 1
 #define FRAME_MAX 131072
+/* Acks sent between two basic.gets, at most (see pump). */
+#define ACKS_PER_GET 8
 
 typedef enum dlq_state {
   ST_CONNECTING,
@@ -40,6 +42,7 @@ typedef struct dlq_flight {
   uint64_t tag; /* the message's delivery tag in the dead-letter queue */
   uint64_t bytes;
   bool confirmed;
+  bool acked;    /* confirmed with basic.ack (not nack) */
   bool returned; /* the broker returned it: its message stays */
   char target[RETRY_NAME_MAX + 1];
 } dlq_flight;
@@ -47,6 +50,7 @@ typedef struct dlq_flight {
 /* The message being read: a get-ok or a return, its header, its body. */
 typedef struct dlq_content {
   bool active, is_return;
+  bool held; /* a fence's message, taken after the last get: it stays */
   uint64_t tag;
   bool redelivered;
   char exchange[256], routing_key[256];
@@ -72,6 +76,8 @@ struct px_dlq {
       h_reason[RETRY_NAME_MAX + 1], h_redriven[RETRY_NAME_MAX + 1];
   unsigned counted;     /* COUNT: queues answered */
   bool get_pending;     /* a basic.get is unanswered */
+  bool fence;           /* ... and sent as a fence (see pump) */
+  unsigned unfenced;    /* acks sent since the last basic.get */
   bool gets_done;       /* no more gets: empty, the limit, or a stop */
   bool stopped;         /* REDRIVE: a copy was returned */
   bool interrupted;     /* px_dlq_stop() */
@@ -229,6 +235,7 @@ static void settle(px_dlq *d, uint64_t tag) {
   amqp_method_init(&m, AMQP_BASIC_ACK);
   m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u = tag;
   send_or_fail(d, &m);
+  d->unfenced++;
 }
 
 static void close_channel(px_dlq *d) {
@@ -311,8 +318,9 @@ static void count_next(px_dlq *d) {
   send_queue_method(d, AMQP_QUEUE_DECLARE, d->req.queues[d->counted]);
 }
 
+/* Room for another get: one slot of the window is kept for a fence. */
 static bool window_full(const px_dlq *d) {
-  return d->seq - d->seq_settled >= PX_DLQ_WINDOW ||
+  return d->seq - d->seq_settled >= PX_DLQ_WINDOW - 1 ||
          d->flight_bytes >= PX_DLQ_WINDOW_BYTES;
 }
 
@@ -323,18 +331,64 @@ static px_dlq_status end_status(const px_dlq *d) {
                           : PX_DLQ_OK;
 }
 
-/* The next get, or the end once every copy is settled. */
+static bool oldest_confirmed(const px_dlq *d) {
+  return d->seq_settled < d->seq &&
+         d->flight[d->seq_settled % PX_DLQ_WINDOW].confirmed;
+}
+
+/* Confirmed copies, oldest first, up to the acks a get may follow: a
+ * copy the broker acked has its message acked in the dead-letter queue,
+ * unless the broker returned it (it went nowhere: the message stays). */
+static void settle_confirmed(px_dlq *d) {
+  while (oldest_confirmed(d) && d->unfenced < ACKS_PER_GET) {
+    dlq_flight *f = &d->flight[d->seq_settled % PX_DLQ_WINDOW];
+    if (f->acked && !f->returned) {
+      settle(d, f->tag);
+      if (d->state == ST_DONE)
+        return;
+      d->res.moved++;
+      if (d->ev->progress && !d->cancelled)
+        d->ev->progress(d->ctx, d->res.moved, d->res.total);
+    }
+    d->flight_bytes -= f->bytes;
+    d->seq_settled++;
+  }
+}
+
+static void send_get(px_dlq *d, bool fence) {
+  d->get_pending = true;
+  d->fence = fence;
+  d->unfenced = 0;
+  send_queue_method(d, AMQP_BASIC_GET, d->req.queue);
+}
+
+/* Acks, then the next get, or the end once every copy is settled.
+ *
+ * Every basic.get is also a fence for the acks sent before it. A quorum
+ * queue answers a get with a message only after applying everything the
+ * channel sent it earlier, acks included; but its client in the broker's
+ * channel holds back acks once a few dozen are unapplied, and drops those
+ * it holds back when the channel closes: their messages come back into
+ * the dead-letter queue while their copies are in the source queue too.
+ * So at most ACKS_PER_GET acks go out before a get, and a run's last
+ * acks are followed by one more get (a fence) before the channel closes.
+ * A message a fence takes after the run's last get stays (it comes back
+ * marked redelivered); during the run it is one more get, in the window's
+ * kept slot. */
 static void pump(px_dlq *d) {
   if (d->state != ST_RUNNING || d->get_pending)
+    return;
+  settle_confirmed(d);
+  if (d->state != ST_RUNNING)
     return;
   if ((d->req.limit && d->gets >= d->req.limit) || d->gets >= d->res.total)
     d->gets_done = true; /* what came later waits for the next run */
   if (!d->gets_done && !window_full(d)) {
-    d->get_pending = true;
-    send_queue_method(d, AMQP_BASIC_GET, d->req.queue);
-    return;
-  }
-  if (d->gets_done && d->seq_settled == d->seq) {
+    send_get(d, false);
+  } else if (d->unfenced && (oldest_confirmed(d) ||
+                             (d->gets_done && d->seq_settled == d->seq))) {
+    send_get(d, true);
+  } else if (d->gets_done && d->seq_settled == d->seq) {
     if (d->stopped || d->interrupted)
       finish(d, end_status(d), 0, d->error);
     else if (d->req.kind == PX_DLQ_PURGE)
@@ -379,7 +433,7 @@ static void redrive_one(px_dlq *d) {
   d->seq++;
   f->tag = d->msg.tag;
   f->bytes = d->msg.body_len + d->msg.header_len;
-  f->confirmed = f->returned = false;
+  f->confirmed = f->acked = f->returned = false;
   snprintf(f->target, sizeof f->target, "%s", target);
   d->flight_bytes += f->bytes;
 }
@@ -404,7 +458,9 @@ static void copy_returned(px_dlq *d, const char *target) {
 static void message_done(px_dlq *d) {
   dlq_content *c = &d->msg;
   c->active = false;
-  if (c->is_return) {
+  if (c->held) {
+    /* a fence's: requeued when the channel closes */
+  } else if (c->is_return) {
     d->stopped = d->gets_done = true;
     copy_returned(d, c->routing_key);
     snprintf(d->error, sizeof d->error,
@@ -436,33 +492,16 @@ static void message_done(px_dlq *d) {
     pump(d);
 }
 
-/* Confirms: copies up to `tag` (or just it) are settled; an acked one's
- * message is acked in the dead-letter queue, unless the broker returned
- * the copy (it went nowhere: the message stays). */
+/* Confirms: copies up to `tag` (or just it); pump settles them. */
 static void confirmed(px_dlq *d, uint64_t tag, bool multiple, bool ack) {
-  for (uint64_t s = multiple ? d->seq_settled + 1 : tag;
-       s <= tag && d->state != ST_DONE; s++) {
+  for (uint64_t s = multiple ? d->seq_settled + 1 : tag; s <= tag; s++) {
     if (s <= d->seq_settled || s > d->seq)
       continue;
     dlq_flight *f = &d->flight[(s - 1) % PX_DLQ_WINDOW];
-    if (f->confirmed)
-      continue;
-    f->confirmed = true;
-    if (!ack || f->returned)
-      continue;
-    settle(d, f->tag);
-    if (d->state == ST_DONE)
-      break;
-    d->res.moved++;
-    if (d->ev->progress && !d->cancelled)
-      d->ev->progress(d->ctx, d->res.moved, d->res.total);
-  }
-  if (d->state == ST_DONE)
-    return;
-  while (d->seq_settled < d->seq &&
-         d->flight[d->seq_settled % PX_DLQ_WINDOW].confirmed) {
-    d->flight_bytes -= d->flight[d->seq_settled % PX_DLQ_WINDOW].bytes;
-    d->seq_settled++;
+    if (!f->confirmed) {
+      f->confirmed = true;
+      f->acked = ack;
+    }
   }
   pump(d);
 }
@@ -484,8 +523,10 @@ static void content_begin(px_dlq *d, const amqp_method *m) {
     copy_short(c->routing_key, m->args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
     return;
   }
-  d->get_pending = false;
-  d->gets++;
+  c->held = d->fence && d->gets_done;
+  d->get_pending = d->fence = false;
+  if (!c->held)
+    d->gets++;
   c->tag = m->args[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u;
   c->redelivered = m->args[AMQP_F_BASIC_GET_OK_REDELIVERED].u;
   copy_short(c->exchange, m->args[AMQP_F_BASIC_GET_OK_EXCHANGE].b);
@@ -608,7 +649,7 @@ static void method(px_dlq *d, const amqp_method *m) {
     content_begin(d, m);
     return;
   case AMQP_BASIC_GET_EMPTY:
-    d->get_pending = false;
+    d->get_pending = d->fence = false;
     d->gets_done = true;
     pump(d);
     return;

@@ -31,7 +31,11 @@
  *            stays, the others are settled as usual. A message whose
  *            source is the dead-letter queue itself stays. At most
  *            PX_DLQ_WINDOW copies (and PX_DLQ_WINDOW_BYTES of them) are
- *            unconfirmed at once.
+ *            unconfirmed at once. Acks go out at most a few between two
+ *            gets, and a run's last acks are followed by one more get
+ *            before the channel closes (px_dlq.c, pump: a quorum queue
+ *            may otherwise drop acks sent just before a close); a message
+ *            that get takes stays, and comes back marked redelivered.
  *            `dry_run`: browsed as SHOW, each message reported, nothing
  *            moved.
  *   PURGE    without a limit queue.purge (the count is the broker's);

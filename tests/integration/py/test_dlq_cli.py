@@ -724,6 +724,46 @@ def test_interrupted_redrive_settles_what_is_in_flight(broker, direct):
     assert len(in_q) + len(in_d) == 6000
 
 
+def _queue_process(broker, queue, fun):
+    """Call sys:`fun` on a classic queue's Erlang process (suspend or
+    resume): a suspended queue takes publishes but confirms none."""
+    broker.ctl("eval", "Q = rabbit_misc:r(<<\"%s\">>, queue, <<\"%s\">>), "
+               "{ok, A} = rabbit_amqqueue:lookup(Q), "
+               "sys:%s(amqqueue:get_pid(A))." % (broker.vhost, queue, fun))
+
+
+def test_a_batch_of_confirms_is_acked_so_none_come_back(broker, direct):
+    """The copies' confirms arrive as one batch (the source queue's
+    process is suspended until every copy is published). The broker's
+    quorum-queue client holds back settles past a few dozen unapplied ones
+    and drops them when the channel closes: a redrive that acked such a
+    batch one message at a time and then closed saw its messages come back
+    into the DLQ, so they were in both queues. Every one is moved once."""
+    n = 200
+    q = rbtest.uniq("dlqbatch")
+    d = dlq(q)
+    declare_queue(direct, q)
+    ids = put_parked(broker, direct, q, n)
+    wait_count(direct, d, n)
+    _queue_process(broker, q, "suspend")
+    try:
+        p = subprocess.Popen(cmd("redrive", d, url_=url(broker)),
+                             env=cli_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        rbtest.wait_until(lambda: str(n) in broker.ctl(
+            "list_channels", "messages_unconfirmed", "-q").split(), 60,
+            "every copy published, none confirmed", interval=0.2)
+    finally:
+        _queue_process(broker, q, "resume")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == EXIT_OK, (p.returncode, out, err)
+    assert int(re.search(r"moved (\d+) messages", out).group(1)) == n, out
+    wait_count(direct, q, n)
+    in_q = ids_in(direct, q, n)
+    assert sorted(in_q) == sorted(ids)
+    assert count(direct, d) == 0
+
+
 def test_text_output_cannot_drive_the_terminal(broker, direct):
     """Headers and bodies come from whoever published the message: show
     prints their control characters escaped, never raw."""
