@@ -20,7 +20,8 @@
 
 /* One request's operation, from the route until it is answered or the
  * client is gone. */
-typedef struct http_op {
+typedef struct px_dlq_http_op {
+  struct px_dlq_http_op *prev, *next; /* srv->dlq_list */
   px_server *srv;
   px_admin_response *resp;
   px_dlq *op;
@@ -29,6 +30,7 @@ typedef struct http_op {
   unsigned items;
   char user[256];
   char queue[256];
+  bool stopping; /* px_dlq_http_stop_all */
 } http_op;
 
 /* {"error": text} as the whole answer; `counts` (or NULL) adds what a
@@ -192,9 +194,15 @@ static void log_change(http_op *h, const px_dlq_result *res) {
 /* The operation is over (done, or cancelled with its connection). */
 static void op_end(http_op *h) {
   px_server *srv = h->srv;
+  if (h->prev)
+    h->prev->next = h->next;
+  else
+    srv->dlq_list = h->next;
+  if (h->next)
+    h->next->prev = h->prev;
   free(h);
   srv->dlq_ops--;
-  px_server_op_done(srv);
+  srv->dlq_op_done(srv);
 }
 
 static void on_done(void *ctx, const px_dlq_result *res) {
@@ -205,7 +213,13 @@ static void on_done(void *ctx, const px_dlq_result *res) {
     close_json(h, res);
   } else {
     bool changes = h->kind == PX_DLQ_REDRIVE || h->kind == PX_DLQ_PURGE;
-    json_error_with(r, px_dlq_http_status(res->status), res->error,
+    char why[1200];
+    snprintf(why, sizeof why, "%s%s",
+             h->stopping ? "rebound is shutting down (its drain timeout "
+                           "passed): "
+                         : "",
+             res->error);
+    json_error_with(r, h->stopping ? 503 : px_dlq_http_status(res->status), why,
                     changes ? res : NULL);
   }
   px_admin_resume(r);
@@ -241,6 +255,10 @@ static void run(px_server *srv, http_op *h, px_dlq_request *q,
   }
   r->content_type = "application/json";
   h->srv = srv;
+  h->next = srv->dlq_list;
+  if (h->next)
+    h->next->prev = h;
+  srv->dlq_list = h;
   srv->dlq_ops++; /* a drain waits for it */
   px_admin_defer(r, on_cancel, h);
 }
@@ -356,4 +374,25 @@ void px_dlq_http_redrive(px_server *srv, const px_admin_request *req,
 void px_dlq_http_purge(px_server *srv, const px_admin_request *req,
                        const char *queue, px_admin_response *r) {
   route(srv, req, queue, r, PX_DLQ_PURGE);
+}
+
+/* ---- shutdown ---- */
+
+void px_dlq_http_stop_all(px_server *srv, bool now) {
+  for (http_op *h = srv->dlq_list, *next; h; h = next) {
+    next = h->next;
+    if (!now) {
+      h->stopping = true;
+      px_dlq_stop(h->op); /* answers in on_done */
+      continue;
+    }
+    px_admin_response *r = h->resp;
+    px_dlq_cancel(h->op); /* logs what it had done */
+    json_error(r, 503,
+               "rebound is shutting down: the operation was cut off before "
+               "the broker confirmed every copy in flight (those may now be "
+               "in both queues; its log line dlq_cancelled has the counts)");
+    px_admin_resume(r); /* an answer, no longer deferred: no cancel */
+    op_end(h);
+  }
 }

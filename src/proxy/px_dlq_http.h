@@ -12,6 +12,8 @@
 #ifndef PX_DLQ_HTTP_H
 #define PX_DLQ_HTTP_H
 
+#include <stdbool.h>
+
 #include "px_admin.h"
 
 struct px_server;
@@ -38,5 +40,14 @@ void px_dlq_http_redrive(struct px_server *srv, const px_admin_request *req,
 /* POST /v1/dlq/{queue}/purge?limit=N */
 void px_dlq_http_purge(struct px_server *srv, const px_admin_request *req,
                        const char *queue, px_admin_response *r);
+
+/* The drain timeout has passed. Each operation still running stops
+ * taking messages, settles the copies in flight (px_dlq_stop) and answers
+ * 503 with what it did; with `now`, it is cut off at once instead
+ * (px_dlq_cancel) and answers 503 saying so. */
+void px_dlq_http_stop_all(struct px_server *srv, bool now);
+
+/* How long the operations get to settle after the drain timeout. */
+#define PX_DLQ_STOP_MS 2000
 
 #endif

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "px_buf.h"
+#include "px_dlq_http.h"
 #include "px_log.h"
 #include "px_metrics.h"
 #include "px_routes.h"
@@ -197,41 +198,50 @@ static void session_gone(px_server *srv) {
   stop_loop_if_done(srv);
 }
 
-void px_server_op_done(px_server *srv) {
+static void dlq_op_done(px_server *srv) {
   stop_loop_if_done(srv);
 }
 
 /* Worker 0 gone (drain, as on SIGTERM), or a worker exited while
  * draining (the drain may be over). */
 static void worker_event(px_server *srv, px_workers_event ev) {
-  if (ev == PX_WORKERS_PARENT_GONE) {
+  if (ev == PX_WORKERS_PARENT_GONE)
     px_server_drain(srv, SIGTERM);
-  } else if (srv->drain_expired && !px_workers_running(srv)) {
-    px_server_stop(srv); /* as on_drain_timeout would have */
-    uv_stop(srv->loop);
-  } else {
+  else
     stop_loop_if_done(srv);
-  }
 }
 
 int px_server_start_workers(px_server *srv, char **argv) {
   return px_workers_start(srv, argv, worker_event);
 }
 
+/* The drain timeout: sessions are closed; admin dead-letter operations
+ * stop taking messages and get PX_DLQ_STOP_MS to settle the copies in
+ * flight (then this runs again and cuts them off); workers still running
+ * are killed PX_WORKERS_KILL_MS later. The last of them ends the loop. */
 static void on_drain_timeout(uv_timer_t *t) {
   px_server *srv = t->data;
-  uint64_t n = srv->stats.sessions_current;
-  px_warn("drain_timeout", PX_U("sessions_left", n),
-          PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
-  while (srv->sessions)
-    px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
-  if (px_workers_running(srv)) { /* each has its own drain timeout */
-    srv->drain_expired = true;   /* the last one's exit ends the loop */
-    px_workers_deadline(srv);
+  if (srv->drain_expired) { /* the operations' time is up too */
+    px_warn("dlq_stop_timeout", PX_U("operations_left", srv->dlq_ops),
+            PX_U("timeout_ms", PX_DLQ_STOP_MS));
+    px_dlq_http_stop_all(srv, true);
     return;
   }
-  px_server_stop(srv);
-  uv_stop(srv->loop);
+  uint64_t n = srv->stats.sessions_current;
+  px_warn("drain_timeout", PX_U("sessions_left", n),
+          PX_U("dlq_operations_left", srv->dlq_ops),
+          PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
+  srv->drain_expired = true;
+  while (srv->sessions)
+    px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
+  if (px_workers_running(srv)) /* each has its own drain timeout */
+    px_workers_deadline(srv);
+  if (srv->dlq_ops) {
+    uv_timer_start(&srv->drain_timer, on_drain_timeout, PX_DLQ_STOP_MS, 0);
+    px_dlq_http_stop_all(srv, false);
+    return;
+  }
+  stop_loop_if_done(srv);
 }
 
 /* ---- readiness: is an upstream reachable? ------------------------------- */
@@ -658,6 +668,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->session_gone = session_gone;
+  srv->dlq_op_done = dlq_op_done;
   srv->cfg = cfg;
   srv->spare_fd = -1;
   if (!tls_contexts(srv, cfg, &srv->tls_server, &srv->tls_upstream))

@@ -125,8 +125,13 @@ typedef struct px_server {
   uint64_t next_id;
   unsigned dlq_ops; /* admin dead-letter operations running: a drain
                        waits for them too */
+  struct px_dlq_http_op *dlq_list; /* those operations (px_dlq_http.c) */
+  /* one of them ended, dlq_ops decremented: a drain waiting for it may
+   * end (px_server_start() sets it) */
+  void (*dlq_op_done)(struct px_server *srv);
   bool draining;
-  bool drain_expired; /* the drain timeout has passed (waiting for workers) */
+  bool drain_expired; /* the drain timeout has passed: waiting for the
+                         workers, and PX_DLQ_STOP_MS for the operations */
   bool stopped;       /* px_server_stop has run */
   px_stats stats;
   px_metrics_store metrics;
@@ -159,10 +164,6 @@ typedef struct px_server {
   struct px_workers *workers;
   uint64_t cache_total; /* this worker's share of cfg->cache_total */
 } px_server;
-
-/* An admin dead-letter operation ended (srv->dlq_ops was decremented):
- * a drain waiting for it may end. */
-void px_server_op_done(px_server *srv);
 
 /* Drain as on SIGTERM (`signum` is logged): stop accepting, close every
  * session with connection.close 320 once its retries are done, exit when

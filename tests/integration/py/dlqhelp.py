@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
@@ -276,6 +277,20 @@ def publish_many(broker, queue, messages, window_=256, timeout=300):
     conn.ioloop.remove_timeout(timer)
     assert not st["bad"], st["bad"]
     assert st["acked"] == total, (st["acked"], total)
+
+
+def queue_process(broker, queue, fun):
+    """Call sys:`fun` on a classic queue's Erlang process (suspend or
+    resume): a suspended queue takes publishes but confirms none."""
+    broker.ctl("eval", "Q = rabbit_misc:r(<<\"%s\">>, queue, <<\"%s\">>), "
+               "{ok, A} = rabbit_amqqueue:lookup(Q), "
+               "sys:%s(amqqueue:get_pid(A))." % (broker.vhost, queue, fun))
+
+
+def ids_in(direct, queue, expect):
+    """The message ids in `queue` (a Counter), taken with basic.get."""
+    return Counter(p.message_id for _, p, _ in get_all(direct, queue,
+                                                       expect=expect))
 
 
 def put_parked(broker, direct, source, n, start=0, body=None,

@@ -21,8 +21,8 @@ from dlqhelp import (EXIT_NOT_FOUND, EXIT_OK, EXIT_PARTIAL, EXIT_REFUSED,
                      EXIT_UNREACHABLE, EXIT_USAGE, MOVED, PREFIX, PROGRESS,
                      PURGED, WOULD_MOVE, cli, cli_env, cmd, consume_all,
                      count, declare_dlq, declare_queue, delete_user, get_all,
-                     parse_iso, park, put_parked, url, user, wait_count,
-                     window)
+                     ids_in, parse_iso, park, put_parked, queue_process,
+                     url, user, wait_count, window)
 from retryhelp import direct, dlq
 
 assert direct  # a fixture
@@ -664,11 +664,6 @@ def test_redrive_leaves_a_message_without_source_and_says_so(broker, direct):
     assert [p.message_id for _, p, _ in got] == ["orphan"]
 
 
-def ids_in(direct, queue, expect):
-    return Counter(p.message_id for _, p, _ in get_all(direct, queue,
-                                                       expect=expect))
-
-
 def test_a_returned_copy_leaves_the_others_in_one_place(broker, direct):
     """One message whose source queue does not exist among hundreds, on
     the real broker: its copy is returned, the run stops (exit 5, naming
@@ -724,14 +719,6 @@ def test_interrupted_redrive_settles_what_is_in_flight(broker, direct):
     assert len(in_q) + len(in_d) == 6000
 
 
-def _queue_process(broker, queue, fun):
-    """Call sys:`fun` on a classic queue's Erlang process (suspend or
-    resume): a suspended queue takes publishes but confirms none."""
-    broker.ctl("eval", "Q = rabbit_misc:r(<<\"%s\">>, queue, <<\"%s\">>), "
-               "{ok, A} = rabbit_amqqueue:lookup(Q), "
-               "sys:%s(amqqueue:get_pid(A))." % (broker.vhost, queue, fun))
-
-
 def test_a_batch_of_confirms_is_acked_so_none_come_back(broker, direct):
     """The copies' confirms arrive as one batch (the source queue's
     process is suspended until every copy is published). The broker's
@@ -745,7 +732,7 @@ def test_a_batch_of_confirms_is_acked_so_none_come_back(broker, direct):
     declare_queue(direct, q)
     ids = put_parked(broker, direct, q, n)
     wait_count(direct, d, n)
-    _queue_process(broker, q, "suspend")
+    queue_process(broker, q, "suspend")
     try:
         p = subprocess.Popen(cmd("redrive", d, url_=url(broker)),
                              env=cli_env(), stdout=subprocess.PIPE,
@@ -754,7 +741,7 @@ def test_a_batch_of_confirms_is_acked_so_none_come_back(broker, direct):
             "list_channels", "messages_unconfirmed", "-q").split(), 60,
             "every copy published, none confirmed", interval=0.2)
     finally:
-        _queue_process(broker, q, "resume")
+        queue_process(broker, q, "resume")
     out, err = p.communicate(timeout=120)
     assert p.returncode == EXIT_OK, (p.returncode, out, err)
     assert int(re.search(r"moved (\d+) messages", out).group(1)) == n, out

@@ -5,13 +5,14 @@ listing, browsing, redrive, purge, errors, and that a long redrive does
 not stop the proxy or the admin endpoint meanwhile."""
 import threading
 import uuid
+from collections import Counter
 
 import pika
 
 import rbtest
-from dlqhelp import (PREFIX, count, declare_queue, delete_user,
-                     park, parse_iso, path, put_parked, request, user,
-                     wait_count, window)
+from dlqhelp import (PREFIX, count, declare_queue, delete_user, ids_in,
+                     park, parse_iso, path, put_parked, queue_process,
+                     request, user, wait_count, window)
 from retryhelp import direct, dlq
 from test_admin import admin_rebound
 
@@ -51,12 +52,12 @@ class Admin:
         return {x["name"]: x for x in doc["queues"]}
 
 
-def start_admin(rebound_factory, broker, direct):
+def start_admin(rebound_factory, broker, direct, *extra):
     prefix = "dlqh%s" % uuid.uuid4().hex[:8]
     lit = direct.own(rbtest.uniq("dlqhlit"))
     rb = admin_rebound(rebound_factory, "--retry-queues",
                        "rbt-%s-*,%s" % (prefix, lit), "--retry-tiers", TIERS,
-                       "--max-attempts", str(MAX_ATTEMPTS))
+                       "--max-attempts", str(MAX_ATTEMPTS), *extra)
     return Admin(rb, broker, lit, prefix)
 
 
@@ -412,7 +413,7 @@ def test_sigterm_lets_a_redrive_finish(rebound_factory, broker, direct):
     DLQ (a rebound that cut the redrive off at SIGTERM left copies in both
     queues)."""
     n = 3000
-    a = start_admin(rebound_factory, broker, direct)
+    a = start_admin(rebound_factory, broker, direct, "--drain-timeout", "300s")
     d = dlq(a.lit)
     declare_queue(direct, a.lit)
     put_parked(broker, direct, a.lit, n, body=lambda i: b"drain %d " % i
@@ -436,3 +437,73 @@ def test_sigterm_lets_a_redrive_finish(rebound_factory, broker, direct):
     assert a.rb.wait_exit(60) == 0
     wait_count(direct, d, 0)
     wait_count(direct, a.lit, n, timeout=60)
+
+
+def _redrive_in_thread(a, d):
+    result = {}
+
+    def redrive():
+        result["r"] = a.post(path(d, "redrive"), timeout=120)
+
+    t = threading.Thread(target=redrive, daemon=True)
+    t.start()
+    return t, result
+
+
+def test_drain_timeout_stops_a_redrive_which_answers_503(rebound_factory,
+                                                         broker, direct):
+    """The drain timeout passes while a redrive runs: the redrive stops
+    taking messages, settles the copies in flight and answers 503 with what
+    it moved; rebound exits 0. Every message is in exactly one of the two
+    queues (a redrive cut off at the timeout would leave copies in both)."""
+    n = 20000
+    a = start_admin(rebound_factory, broker, direct, "--drain-timeout", "1s")
+    d = dlq(a.lit)
+    declare_queue(direct, a.lit)
+    ids = put_parked(broker, direct, a.lit, n)
+    wait_count(direct, d, n, timeout=120)
+    t, result = _redrive_in_thread(a, d)
+    rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
+                      "the redrive to start", interval=0.01)
+    a.rb.signal()  # SIGTERM
+    t.join(120)
+    assert not t.is_alive() and "r" in result, result
+    r = result["r"]
+    doc = r.json()
+    assert r.status == 503 and "shutting down" in doc["error"], (r, doc)
+    moved = doc["moved"]
+    assert 0 < moved < n and doc["not_moved"] == n - moved, doc
+    assert a.rb.wait_exit(60) == 0
+    a.rb.wait_log("drain_timeout", dlq_operations_left="1")
+    wait_count(direct, a.lit, moved, timeout=60)
+    wait_count(direct, d, n - moved, timeout=60)
+    in_q, in_d = ids_in(direct, a.lit, moved), ids_in(direct, d, n - moved)
+    assert in_q + in_d == Counter(ids), "a message in both queues, or lost"
+
+
+def test_a_redrive_that_cannot_settle_is_cut_off_with_an_answer(
+        rebound_factory, broker, direct):
+    """The source queue confirms nothing (its process is suspended), so a
+    redrive stopped by the drain timeout cannot settle: 2 s later it is cut
+    off, still answered (503, saying so), and rebound exits 0."""
+    n = 400
+    a = start_admin(rebound_factory, broker, direct, "--drain-timeout", "1s")
+    d = dlq(a.lit)
+    declare_queue(direct, a.lit)
+    put_parked(broker, direct, a.lit, n)
+    wait_count(direct, d, n)
+    queue_process(broker, a.lit, "suspend")
+    try:
+        t, result = _redrive_in_thread(a, d)
+        rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
+                          "the redrive to fill its window", interval=0.05)
+        a.rb.signal()  # SIGTERM
+        t.join(60)
+        assert a.rb.wait_exit(60) == 0
+    finally:
+        queue_process(broker, a.lit, "resume")
+    assert not t.is_alive() and "r" in result, result
+    r = result["r"]
+    assert r.status == 503 and "cut off" in r.json()["error"], r
+    a.rb.wait_log("dlq_stop_timeout", operations_left="1")
+    a.rb.wait_log("dlq_cancelled", queue=d)
