@@ -1,16 +1,36 @@
 """Many connections at once, and clients that die: rebound lets go of every
 socket and the broker sees each client's connection go."""
 import asyncio
+import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import amqp_raw
 import rbtest
 
 N_CONNECTIONS = 500
+
+
+def _why(rebound, conns):
+    """What a failed wait saw: rebound's sockets by state, its sessions,
+    the clients whose connection has ended, and rebound's log lines above
+    debug."""
+    states = Counter(s[0] for s in rebound.sockets())
+    fds = sum(1 for fd in os.listdir("/proc/%d/fd" % rebound.pid)
+              if os.readlink("/proc/%d/fd/%s" % (rebound.pid, fd))
+              .startswith("socket:"))
+    ended = sum(1 for r, w in conns if r.at_eof() or w.is_closing())
+    lines = [ln for ln in rebound.log().splitlines()
+             if "level=debug" not in ln and "msg=session_open" not in ln]
+    return ("socket states %s, %d socket descriptors; log: %d session_open, "
+            "%d session_close; %d clients see their connection ended\n%s"
+            % (dict(states), fds, len(rebound.log_lines("session_open")),
+               len(rebound.log_lines("session_close")), ended,
+               "\n".join(lines[-40:])))
 
 
 def test_500_concurrent_connections(rebound, broker, ctl):
@@ -31,7 +51,8 @@ def test_500_concurrent_connections(rebound, broker, ctl):
         # all open at the same time, on both sides of rebound
         rbtest.wait_until(lambda: rebound.established() == 2 * N_CONNECTIONS, 20,
                           lambda: "%d established sockets in rebound (want %d)"
-                          % (rebound.established(), 2 * N_CONNECTIONS))
+                          "\n%s" % (rebound.established(), 2 * N_CONNECTIONS,
+                                    _why(rebound, conns)))
         ports = rbtest.upstream_ports(rebound)
         assert len(ports) == N_CONNECTIONS
         seen = ctl.connections()
