@@ -376,8 +376,8 @@ static void send_get(px_dlq *d, bool fence) {
  * marked redelivered); during the run it is one more get, in the window's
  * kept slot. */
 static void pump(px_dlq *d) {
-  if (d->state != ST_RUNNING || d->get_pending)
-    return;
+  if (d->state != ST_RUNNING || d->get_pending || d->msg.active)
+    return; /* a message still arriving takes its place in the window */
   settle_confirmed(d);
   if (d->state != ST_RUNNING)
     return;
