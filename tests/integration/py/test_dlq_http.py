@@ -419,19 +419,7 @@ def test_sigterm_lets_a_redrive_finish(rebound_factory, broker, direct):
     put_parked(broker, direct, a.lit, n, body=lambda i: b"drain %d " % i
                + b"x" * 2048)
     wait_count(direct, d, n, timeout=60)
-    result = {}
-
-    def redrive():
-        result["r"] = a.post(path(d, "redrive"), timeout=120)
-
-    t = threading.Thread(target=redrive, daemon=True)
-    t.start()
-    rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
-                      "the redrive to start", interval=0.01)
-    a.rb.signal()  # SIGTERM
-    t.join(120)
-    assert not t.is_alive() and "r" in result, result
-    r = result["r"]
+    r = _sigterm_during_redrive(a, direct, d, n)
     assert r.status == 200 and moved(r) == {"queue": d, "moved": n,
                                             "not_moved": 0}, r
     assert a.rb.wait_exit(60) == 0
@@ -450,6 +438,18 @@ def _redrive_in_thread(a, d):
     return t, result
 
 
+def _sigterm_during_redrive(a, direct, d, n):
+    """POST a redrive of DLQ `d` (holding `n`), SIGTERM rebound once it
+    has taken 100 messages; the redrive's answer."""
+    t, result = _redrive_in_thread(a, d)
+    rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
+                      "the redrive to start", interval=0.01)
+    a.rb.signal()  # SIGTERM
+    t.join(120)
+    assert not t.is_alive() and "r" in result, result
+    return result["r"]
+
+
 def test_drain_timeout_stops_a_redrive_which_answers_503(rebound_factory,
                                                          broker, direct):
     """The drain timeout passes while a redrive runs: the redrive stops
@@ -462,13 +462,7 @@ def test_drain_timeout_stops_a_redrive_which_answers_503(rebound_factory,
     declare_queue(direct, a.lit)
     ids = put_parked(broker, direct, a.lit, n)
     wait_count(direct, d, n, timeout=120)
-    t, result = _redrive_in_thread(a, d)
-    rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
-                      "the redrive to start", interval=0.01)
-    a.rb.signal()  # SIGTERM
-    t.join(120)
-    assert not t.is_alive() and "r" in result, result
-    r = result["r"]
+    r = _sigterm_during_redrive(a, direct, d, n)
     doc = r.json()
     assert r.status == 503 and "shutting down" in doc["error"], (r, doc)
     moved = doc["moved"]
