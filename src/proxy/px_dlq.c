@@ -494,7 +494,8 @@ static void message_done(px_dlq *d) {
 
 /* Confirms: copies up to `tag` (or just it); pump settles them. */
 static void confirmed(px_dlq *d, uint64_t tag, bool multiple, bool ack) {
-  for (uint64_t s = multiple ? d->seq_settled + 1 : tag; s <= tag; s++) {
+  uint64_t last = tag < d->seq ? tag : d->seq; /* no more than we sent */
+  for (uint64_t s = multiple ? d->seq_settled + 1 : tag; s <= last; s++) {
     if (s <= d->seq_settled || s > d->seq)
       continue;
     dlq_flight *f = &d->flight[(s - 1) % PX_DLQ_WINDOW];
@@ -774,6 +775,8 @@ static px_pub *dial(px_dlq *d, const px_config *cfg, px_dial_memory *memory,
 void px_dlq_stop(px_dlq *d) {
   if (!d || d->cancelled || d->interrupted || d->state == ST_DONE)
     return;
+  if (d->req.kind == PX_DLQ_PURGE && !d->req.limit)
+    return; /* one queue.purge: its answer says what it removed */
   d->interrupted = d->gets_done = true;
   snprintf(d->error, sizeof d->error,
            "interrupted: what was taken and not moved stays in %s",

@@ -163,7 +163,8 @@ px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
 
 /* Stop taking messages: copies in flight are settled (acked in the
  * dead-letter queue once confirmed), browsed messages given back, then
- * `done` says FAILED, "interrupted". A second call does nothing. */
+ * `done` says FAILED, "interrupted". A purge without a limit (one
+ * queue.purge) runs on to its answer. A second call does nothing. */
 void px_dlq_stop(px_dlq *d);
 
 /* No more events: the connection closes (messages browsed or not yet

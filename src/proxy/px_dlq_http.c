@@ -239,6 +239,13 @@ static const px_dlq_events events = {on_count, on_message, NULL, on_done};
 /* Start the operation and defer the answer (or answer the failure). */
 static void run(px_server *srv, http_op *h, px_dlq_request *q,
                 px_admin_response *r) {
+  if (srv->draining) { /* nothing would stop it in time */
+    explicit_bzero(q->password, sizeof q->password);
+    free(h);
+    json_error(r, 503,
+               "rebound is shutting down: no new dead-letter operations");
+    return;
+  }
   q->name = "rebound admin";
   snprintf(h->user, sizeof h->user, "%s", q->user);
   h->resp = r;

@@ -239,6 +239,8 @@ static void on_drain_timeout(uv_timer_t *t) {
   if (srv->dlq_ops) {
     uv_timer_start(&srv->drain_timer, on_drain_timeout, PX_DLQ_STOP_MS, 0);
     px_dlq_http_stop_all(srv, false);
+    if (!srv->dlq_ops && !srv->stopped) /* all ended at once */
+      uv_timer_stop(&srv->drain_timer);
     return;
   }
   stop_loop_if_done(srv);

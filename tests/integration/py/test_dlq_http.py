@@ -438,13 +438,15 @@ def _redrive_in_thread(a, d):
     return t, result
 
 
-def _sigterm_during_redrive(a, direct, d, n):
+def _sigterm_during_redrive(a, direct, d, n, then=None):
     """POST a redrive of DLQ `d` (holding `n`), SIGTERM rebound once it
-    has taken 100 messages; the redrive's answer."""
+    has taken 100 messages (then call `then`); the redrive's answer."""
     t, result = _redrive_in_thread(a, d)
     rbtest.wait_until(lambda: (count(direct, d) or 0) < n - 100, 60,
                       "the redrive to start", interval=0.01)
     a.rb.signal()  # SIGTERM
+    if then:
+        then()
     t.join(120)
     assert not t.is_alive() and "r" in result, result
     return result["r"]
@@ -455,14 +457,19 @@ def test_drain_timeout_stops_a_redrive_which_answers_503(rebound_factory,
     """The drain timeout passes while a redrive runs: the redrive stops
     taking messages, settles the copies in flight and answers 503 with what
     it moved; rebound exits 0. Every message is in exactly one of the two
-    queues (a redrive cut off at the timeout would leave copies in both)."""
+    queues (a redrive cut off at the timeout would leave copies in both).
+    While it drains, a new operation is refused with 503."""
     n = 20000
     a = start_admin(rebound_factory, broker, direct, "--drain-timeout", "1s")
     d = dlq(a.lit)
     declare_queue(direct, a.lit)
     ids = put_parked(broker, direct, a.lit, n)
     wait_count(direct, d, n, timeout=120)
-    r = _sigterm_during_redrive(a, direct, d, n)
+    refused = []
+    r = _sigterm_during_redrive(
+        a, direct, d, n, then=lambda: refused.append(a.post(path(d, "purge"))))
+    assert refused[0].status == 503 and "no new" in \
+        refused[0].json()["error"], refused[0]
     doc = r.json()
     assert r.status == 503 and "shutting down" in doc["error"], (r, doc)
     moved = doc["moved"]
