@@ -18,6 +18,7 @@
 #include "px_metrics.h"
 #include "px_pub.h"
 #include "px_server.h"
+#include "px_view.h"
 
 static void print_version(void) {
   printf("rebound %s (libuv %s, %s, llhttp %d.%d.%d, libyaml %s)\n",
@@ -66,9 +67,124 @@ static void early_signals(void) {
     signal(SIGHUP, SIG_IGN);
 }
 
+/* Take every `flag` out of argv; true if there was one. */
+static bool take_flag(int *argc, char **argv, const char *flag) {
+  int out = 1;
+  bool found = false;
+  for (int a = 1; a < *argc; a++) {
+    if (strcmp(argv[a], flag) == 0)
+      found = true;
+    else
+      argv[out++] = argv[a];
+  }
+  argv[out] = NULL;
+  *argc = out;
+  return found;
+}
+
+/* `n` addresses as "a,b,c" (or "off" when `on` is false). */
+static const char *addrs_text(const px_addr *a, unsigned n, bool on, char *out,
+                              size_t cap) {
+  size_t len = 0;
+  out[0] = '\0';
+  if (!on)
+    return "off";
+  for (unsigned i = 0; i < n && len < cap; i++) {
+    char one[300];
+    len += (size_t)snprintf(out + len, cap - len, "%s%s%s", i ? "," : "",
+                            a[i].tls ? "amqps://" : "",
+                            px_addr_format(&a[i], one, sizeof one));
+  }
+  return out;
+}
+
+/* One line at start: what this process serves, where it sends clients,
+ * which policies apply, and where the settings came from. */
+static void log_config(const px_config *cfg) {
+  char listen[320], tls[320], admin[320], ups[PX_MAX_UPSTREAMS * 310];
+  char queues[2048];
+  size_t len = 0;
+  queues[0] = '\0';
+  for (unsigned i = 0; i < cfg->retry.nrules && len < sizeof queues; i++)
+    for (unsigned g = 0; g < cfg->retry.rules[i].nglobs && len < sizeof queues;
+         g++)
+      len += (size_t)snprintf(queues + len, sizeof queues - len, "%s%s",
+                              !g ? (i ? "|" : "") : ",",
+                              cfg->retry.rules[i].globs[g]);
+  px_info(
+      "config", PX_S("file", cfg->config_path[0] ? cfg->config_path : "none"),
+      PX_S("listen",
+           addrs_text(&cfg->listen, 1, cfg->listen_on, listen, sizeof listen)),
+      PX_S("tls_listen", addrs_text(&cfg->tls.listen, 1, cfg->tls.listen_on,
+                                    tls, sizeof tls)),
+      PX_S("admin",
+           addrs_text(&cfg->admin, 1, cfg->admin_on, admin, sizeof admin)),
+      PX_S("upstreams",
+           addrs_text(cfg->upstream, cfg->n_upstreams, true, ups, sizeof ups)),
+      PX_U("workers", cfg->workers), PX_U("policies", cfg->retry.nrules),
+      PX_S("policy_queues", queues));
+  if (cfg->override.replaced > 1)
+    px_warn("retry_flags_replace_policies",
+            PX_U("file_policies", cfg->override.replaced),
+            PX_S("kept", "the first, with the flags' fields changed"),
+            PX_S("file", cfg->config_path));
+}
+
+/* --check: exit 0 with the effective settings on stdout, or 2. */
+static int check_config(const px_config *cfg) {
+  if (px_server_check(cfg) != 0) {
+    fprintf(stderr, "rebound: --check: the configuration would not start "
+                    "(the lines above say why)\n");
+    return 2;
+  }
+  printf("# rebound %s: the configuration is valid (config file: %s)\n",
+         REBOUND_VERSION, cfg->config_path[0] ? cfg->config_path : "none");
+  px_config_print(cfg, stdout);
+  if (cfg->override.replaced > 1)
+    printf("# the retry flags replaced the file's %u policies with one: its "
+           "first, with their fields changed\n",
+           cfg->override.replaced);
+  printf("# retry policies, first match wins:\n");
+  for (unsigned i = 0; i < cfg->retry.nrules; i++) {
+    px_admin_response r = {.status = 200};
+    px_view_policy(&r, &cfg->retry.rules[i]);
+    printf("%.*s\n", (int)r.len, r.body ? r.body : "");
+    free(r.body);
+  }
+  return 0;
+}
+
+/* The settings, and the logger set from them: -1 to run on, or the exit
+ * status (--help, --version, --check, a bad setting). */
+static int load_config(px_config *cfg, int *argc, char **argv) {
+  char err[512];
+  bool check = take_flag(argc, argv, "--check");
+  switch (px_config_load(cfg, *argc, argv, env_get, err, sizeof err)) {
+  case PX_CONFIG_HELP:
+    px_config_usage(stdout);
+    return 0;
+  case PX_CONFIG_VERSION:
+    print_version();
+    return 0;
+  case PX_CONFIG_ERROR:
+    fprintf(stderr, "rebound: %s\n", err);
+    return 2;
+  case PX_CONFIG_OK:
+    break;
+  }
+  px_log_set_level(cfg->log_level);
+  px_log_set_format(cfg->log_format);
+  if (check)
+    return check_config(cfg);
+  if (cfg->workers > 1)
+    px_log_set_worker((int)cfg->worker);
+  if (cfg->worker == 0)
+    log_config(cfg);
+  return -1;
+}
+
 int main(int argc, char **argv) {
   px_config *cfg = malloc(sizeof *cfg); /* freed by px_server_free */
-  char err[512];
   uv_loop_t loop;
   px_server srv;
 
@@ -79,26 +195,11 @@ int main(int argc, char **argv) {
     free(cfg);
     return px_dlq_cli_main(argc - 1, argv + 1, env_get);
   }
-  switch (px_config_load(cfg, argc, argv, env_get, err, sizeof err)) {
-  case PX_CONFIG_HELP:
-    px_config_usage(stdout);
+  int done = load_config(cfg, &argc, argv);
+  if (done >= 0) {
     free(cfg);
-    return 0;
-  case PX_CONFIG_VERSION:
-    print_version();
-    free(cfg);
-    return 0;
-  case PX_CONFIG_ERROR:
-    fprintf(stderr, "rebound: %s\n", err);
-    free(cfg);
-    return 2;
-  case PX_CONFIG_OK:
-    break;
+    return done;
   }
-  px_log_set_level(cfg->log_level);
-  px_log_set_format(cfg->log_format);
-  if (cfg->workers > 1)
-    px_log_set_worker((int)cfg->worker);
   raise_fd_limit();
   if (uv_loop_init(&loop) != 0)
     return 1;

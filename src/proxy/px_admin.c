@@ -42,6 +42,7 @@
 #include <strings.h>
 
 #include "px_log.h"
+#include "px_resolve.h"
 
 #define DEFAULT_MAX_CONNS 64
 #define DEFAULT_TIMEOUT_MS 10000
@@ -1037,11 +1038,10 @@ int px_admin_start(px_admin *a, uv_loop_t *loop, const char *host,
     snprintf(a->addr, sizeof a->addr, "[%s]:%u", host, (unsigned)port);
   else
     snprintf(a->addr, sizeof a->addr, "%s:%u", host, (unsigned)port);
-  memset(&ss, 0, sizeof ss);
-  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
-      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0) {
+  char why[300];
+  if (px_addr_resolve(host, port, &ss, why, sizeof why) != 0) {
     px_error("admin_address_invalid", PX_S("address", a->addr),
-             PX_S("error", "not a numeric IP address"));
+             PX_S("error", why));
     return UV_EINVAL;
   }
   rc = admin_listen(a, &ss);

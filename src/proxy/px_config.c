@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <uv.h>
 
 #include "retry_policy.h"
@@ -119,25 +120,33 @@ int px_parse_globs(const char *v, retry_rule *r) {
   return each_item(v, add_glob, r);
 }
 
+/* A number of bytes with a unit, any case: none or B; K, KiB; M, MiB; G,
+ * GiB; T, TiB (1024-based); KB, MB, GB, TB (1000-based). */
 int px_parse_size(const char *v, uint64_t *out) {
   static const struct {
     const char *unit;
     uint64_t mult;
   } units[] = {{"", 1},
                {"B", 1},
+               {"K", 1ull << 10},
                {"KiB", 1ull << 10},
+               {"M", 1ull << 20},
                {"MiB", 1ull << 20},
+               {"G", 1ull << 30},
                {"GiB", 1ull << 30},
+               {"T", 1ull << 40},
+               {"TiB", 1ull << 40},
                {"KB", 1000},
                {"MB", 1000000},
-               {"GB", 1000000000}};
+               {"GB", 1000000000},
+               {"TB", 1000000000000ull}};
   char *end;
   errno = 0;
   unsigned long long n = strtoull(v, &end, 10);
   if (end == v || errno || *v == '-')
     return -1;
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-    if (strcmp(end, units[i].unit) == 0) {
+    if (strcasecmp(end, units[i].unit) == 0) {
       if (n > UINT64_MAX / units[i].mult)
         return -1;
       *out = n * units[i].mult;
@@ -196,14 +205,25 @@ static int parse_log_format(const char *v, px_log_format *out) {
   return -1;
 }
 
+/* An address to listen on: HOST:PORT, [IPv6]:PORT, or :PORT for every
+ * IPv4 interface. */
+static int parse_bind_addr(const char *v, px_addr *out) {
+  char any[16];
+  if (v[0] == ':' && strlen(v) < sizeof any - 7) {
+    snprintf(any, sizeof any, "0.0.0.0%s", v);
+    v = any;
+  }
+  return px_addr_parse(v, out);
+}
+
 static int parse_LISTEN(px_config *c, const char *v) {
   c->listen_on = strcmp(v, "off") != 0;
-  return c->listen_on ? px_addr_parse(v, &c->listen) : 0;
+  return c->listen_on ? parse_bind_addr(v, &c->listen) : 0;
 }
 
 static int parse_TLS_LISTEN(px_config *c, const char *v) {
   c->tls.listen_on = strcmp(v, "off") != 0;
-  return c->tls.listen_on ? px_addr_parse(v, &c->tls.listen) : 0;
+  return c->tls.listen_on ? parse_bind_addr(v, &c->tls.listen) : 0;
 }
 
 static int parse_ONOFF(bool *field, const char *v) {
@@ -215,7 +235,7 @@ static int parse_ONOFF(bool *field, const char *v) {
 
 static int parse_ADMIN(px_config *c, const char *v) {
   c->admin_on = strcmp(v, "off") != 0;
-  return c->admin_on ? px_addr_parse(v, &c->admin) : 0;
+  return c->admin_on ? parse_bind_addr(v, &c->admin) : 0;
 }
 
 static int parse_ADDRS(px_config *c, const char *v) {
@@ -225,6 +245,11 @@ static int parse_ADDRS(px_config *c, const char *v) {
 
 static int parse_DURATION(uint32_t *field, const char *v) {
   return retry_delay_parse(v, strlen(v), field);
+}
+
+/* A duration that may be 0 (no wait at all). */
+static int parse_DURATION0(uint32_t *field, const char *v) {
+  return retry_duration_parse(v, strlen(v), field);
 }
 
 static int parse_PREFIX(px_config *c, const char *v) {
@@ -307,6 +332,7 @@ static int parse_WORKERS(uint32_t *field, const char *v) {
 #define PARSE_LOG_LEVEL(c, field, v) px_log_level_parse(v, &(c)->field)
 #define PARSE_LOG_FORMAT(c, field, v) parse_log_format(v, &(c)->field)
 #define PARSE_DURATION(c, field, v) parse_DURATION(&(c)->field, v)
+#define PARSE_DURATION0(c, field, v) parse_DURATION0(&(c)->field, v)
 #define PARSE_SIZE(c, field, v) px_parse_size(v, &(c)->field)
 #define PARSE_PREFIX(c, field, v) parse_PREFIX(c, v)
 #define PARSE_GLOBS(c, field, v)                                               \
@@ -325,9 +351,10 @@ static int parse_WORKERS(uint32_t *field, const char *v) {
 
 /* What a valid value of each type looks like, for error messages. */
 #define EXPECT_PATH "a file path"
-#define EXPECT_ADMIN "HOST:PORT or off"
-#define EXPECT_LISTEN "HOST:PORT, [IPv6]:PORT or off"
-#define EXPECT_TLS_LISTEN "HOST:PORT, [IPv6]:PORT or off"
+#define EXPECT_ADMIN                                                           \
+  "HOST:PORT, [IPv6]:PORT, :PORT (every IPv4 interface) or off"
+#define EXPECT_LISTEN EXPECT_ADMIN
+#define EXPECT_TLS_LISTEN EXPECT_ADMIN
 #define EXPECT_ONOFF "on or off"
 #define EXPECT_CIPHERS "an OpenSSL cipher list like 'ECDHE+AESGCM'"
 #define EXPECT_ADDR "HOST:PORT or [IPv6]:PORT"
@@ -335,16 +362,26 @@ static int parse_WORKERS(uint32_t *field, const char *v) {
   "HOST:PORT, amqp://HOST[:PORT] or amqps://HOST[:PORT], comma-separated, "    \
   "at most 8"
 #define EXPECT_LOG_FORMAT "text or json"
-#define EXPECT_LOG_LEVEL "debug, info, warn or error"
-#define EXPECT_DURATION "a duration like 500ms, 10s, 2m, 1h (at most 24h)"
-#define EXPECT_SIZE "a size like 512KiB, 8MiB, 1GiB or a number of bytes"
+#define EXPECT_LOG_LEVEL "debug, info, warn or error (any case)"
+#define EXPECT_DURATION                                                        \
+  "a duration like 500ms, 10s, 1.5s, 1m30s or seconds like 10 (more than 0, "  \
+  "at most 24h)"
+#define EXPECT_DURATION0                                                       \
+  "a duration like 0, 500ms, 10s, 1.5s, 1m30s or seconds like 10 (at most "    \
+  "24h)"
+#define EXPECT_SIZE                                                            \
+  "a size like 512K, 256M, 1G (also KiB, MiB, GiB; KB, MB, GB are "            \
+  "1000-based) or a number of bytes"
 #define EXPECT_PREFIX "a string of at most 63 bytes"
 #define EXPECT_GLOBS "queue globs like 'orders.*,print'"
-#define EXPECT_TIERS "delays like '1s,2s,4s' (each at most 24h)"
+#define EXPECT_TIERS                                                           \
+  "delays like '1s,2s,4s' or '500ms,1m30s' (each more than 0, at most 24h)"
 #define EXPECT_BACKOFF                                                         \
   "off or 'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' (any of "     \
   "them)"
-#define EXPECT_TIMEOUT_OFF "off or a delay like 30s, 5m (at most 24h)"
+#define EXPECT_TIMEOUT_OFF                                                     \
+  "off or a duration like 30s, 1m30s or seconds like 30 (more than 0, at "     \
+  "most 24h)"
 #define EXPECT_ATTEMPTS "a whole number from 1 to 1000000"
 #define EXPECT_LIMIT "auto or a whole number from 1 to 10000000"
 #define EXPECT_WORKERS "auto or a whole number from 1 to 64"
@@ -361,7 +398,9 @@ static const struct option_desc {
 };
 enum { N_OPTIONS = sizeof options / sizeof options[0] };
 
-static int set_option(px_config *c, int i, const char *v) {
+_Static_assert(N_OPTIONS <= PX_CONFIG_MAX_OPTIONS, "px_config.shown");
+
+static int parse_option(px_config *c, int i, const char *v) {
   int k = 0;
 #define SET(field, flag, env, key, type, def, help)                            \
   if (k++ == i)                                                                \
@@ -369,6 +408,19 @@ static int set_option(px_config *c, int i, const char *v) {
   PX_OPTIONS(SET)
 #undef SET
   return -1;
+}
+
+/* Parse option i's value into `c`, keeping it as given and its origin. */
+static int set_option(px_config *c, int i, const char *v, px_origin from) {
+  if (parse_option(c, i, v) != 0)
+    return -1;
+  size_t n = strlen(v);
+  if (n < PX_CONFIG_SHOWN)
+    memcpy(c->shown[i], v, n + 1);
+  else
+    snprintf(c->shown[i], PX_CONFIG_SHOWN, "%.*s...", PX_CONFIG_SHOWN - 4, v);
+  c->origin[i] = (uint8_t)from;
+  return 0;
 }
 
 static int find_flag(const char *name, size_t len) {
@@ -383,7 +435,7 @@ int px_config_set(px_config *cfg, const char *flag, const char *value) {
   int i = find_flag(flag, strlen(flag));
   if (i < 0)
     return -2;
-  return set_option(cfg, i, value) == 0 ? 0 : -1;
+  return set_option(cfg, i, value, PX_FROM_FILE) == 0 ? 0 : -1;
 }
 
 static const char *flag_for_key(const char *key) {
@@ -412,6 +464,7 @@ static void apply_override(px_config *c) {
   retry_rule r = c->retry.nrules ? c->rules[0] : c->override.rule;
   if (!c->retry.nrules)
     retry_rule_default(&r);
+  c->override.replaced = c->retry.nrules;
   if (c->override.tiers) { /* a fixed list replaces a backoff */
     memcpy(r.tiers_ms, c->override.rule.tiers_ms, sizeof r.tiers_ms);
     r.ntiers = c->override.rule.ntiers;
@@ -442,15 +495,53 @@ static void apply_override(px_config *c) {
   c->retry.nrules = 1;
 }
 
+/* Short options, as getopt_long spells them: "-c FILE" or "-cFILE". */
+static const struct {
+  char letter;
+  const char *flag;
+} shorts[] = {
+    {'c', "config"}, {'l', "listen"}, {'u', "upstream"}, {'a', "admin"}};
+
+/* The option argv[*a] names ("--flag", "--flag=V", "-x", "-xV"), its
+ * value in `*v` (the next argument when not inside this one, *a moved on
+ * to it; NULL when there is none). -1 for no option. */
+static int arg_option(int argc, char **argv, int *a, const char **v) {
+  const char *arg = argv[*a], *eq = strchr(arg, '=');
+  int i = -1;
+  *v = NULL;
+  if (strncmp(arg, "--", 2) == 0) {
+    i = find_flag(arg + 2, eq ? (size_t)(eq - arg - 2) : strlen(arg + 2));
+    *v = eq ? eq + 1 : NULL;
+  } else if (arg[0] == '-' && arg[1]) {
+    for (size_t k = 0; k < sizeof shorts / sizeof *shorts; k++)
+      if (shorts[k].letter == arg[1])
+        i = find_flag(shorts[k].flag, strlen(shorts[k].flag));
+    *v = i >= 0 && arg[2] ? arg + 2 : NULL;
+  }
+  if (i >= 0 && !*v && *a + 1 < argc)
+    *v = argv[++*a];
+  return i;
+}
+
+/* --help or --version anywhere wins over everything else, errors too. */
+static px_config_result help_or_version(int argc, char **argv) {
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0)
+      return PX_CONFIG_HELP;
+    if (strcmp(argv[a], "-V") == 0 || strcmp(argv[a], "--version") == 0)
+      return PX_CONFIG_VERSION;
+  }
+  return PX_CONFIG_OK;
+}
+
 /* Where the config file is: the last --config flag, else REBOUND_CONFIG. */
 static const char *find_config_path(int argc, char **argv,
                                     const char *(*env)(const char *)) {
-  const char *path = env ? env("REBOUND_CONFIG") : NULL;
+  const char *path = env ? env("REBOUND_CONFIG") : NULL, *v;
   for (int a = 1; a < argc; a++) {
-    if (strcmp(argv[a], "--config") == 0 && a + 1 < argc)
-      path = argv[++a];
-    else if (strncmp(argv[a], "--config=", 9) == 0)
-      path = argv[a] + 9;
+    int i = arg_option(argc, argv, &a, &v);
+    if (i >= 0 && v && strcmp(options[i].flag, "config") == 0)
+      path = v;
   }
   return path && *path ? path : NULL;
 }
@@ -458,41 +549,36 @@ static const char *find_config_path(int argc, char **argv,
 static px_config_result load_layers(px_config *cfg, int argc, char **argv,
                                     const char *(*env)(const char *), char *err,
                                     size_t errlen) {
+  px_config_result asked = help_or_version(argc, argv);
+  if (asked != PX_CONFIG_OK)
+    return asked;
   const char *path = find_config_path(argc, argv, env);
   static const px_config_keys keys = {px_config_set, flag_for_key, expected,
                                       px_parse_tiers, px_parse_globs};
   if (path && px_config_read_file(cfg, &keys, path, err, errlen) != 0)
     return PX_CONFIG_ERROR;
+  snprintf(cfg->config_path, sizeof cfg->config_path, "%s", path ? path : "");
   for (int i = 0; env && i < N_OPTIONS; i++) {
     const char *v = env(options[i].env);
-    if (v && *v && set_option(cfg, i, v) != 0) {
+    if (v && *v && set_option(cfg, i, v, PX_FROM_ENV) != 0) {
       snprintf(err, errlen, "%s=%s: not a valid --%s (expected %s)",
                options[i].env, v, options[i].flag, options[i].expect);
       return PX_CONFIG_ERROR;
     }
   }
   for (int a = 1; a < argc; a++) {
-    const char *arg = argv[a];
-    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
-      return PX_CONFIG_HELP;
-    if (strcmp(arg, "-V") == 0 || strcmp(arg, "--version") == 0)
-      return PX_CONFIG_VERSION;
-    const char *eq = strchr(arg, '=');
-    int i =
-        strncmp(arg, "--", 2) == 0
-            ? find_flag(arg + 2, eq ? (size_t)(eq - arg - 2) : strlen(arg + 2))
-            : -1;
+    const char *arg = argv[a], *v;
+    int i = arg_option(argc, argv, &a, &v);
     if (i < 0) {
       snprintf(err, errlen, "unknown option '%s' (see --help)", arg);
       return PX_CONFIG_ERROR;
     }
-    const char *v = eq ? eq + 1 : (a + 1 < argc ? argv[++a] : NULL);
     if (!v) {
       snprintf(err, errlen, "--%s: missing value (expected %s)",
                options[i].flag, options[i].expect);
       return PX_CONFIG_ERROR;
     }
-    if (set_option(cfg, i, v) != 0) {
+    if (set_option(cfg, i, v, PX_FROM_FLAG) != 0) {
       snprintf(err, errlen, "--%s: invalid value '%s' (expected %s)",
                options[i].flag, v, options[i].expect);
       return PX_CONFIG_ERROR;
@@ -544,7 +630,8 @@ px_config_result px_config_load(px_config *cfg, int argc, char **argv,
                                 size_t errlen) {
   memset(cfg, 0, sizeof *cfg);
   for (int i = 0; i < N_OPTIONS; i++)
-    if (options[i].def && set_option(cfg, i, options[i].def) != 0)
+    if (options[i].def &&
+        set_option(cfg, i, options[i].def, PX_FROM_DEFAULT) != 0)
       abort(); /* a default that does not parse is a bug */
   cfg->retry.rules = cfg->rules;
   retry_rule_default(&cfg->rules[0]);
@@ -583,11 +670,34 @@ void px_config_usage(void *file) {
             options[i].help, "", options[i].env,
             options[i].def && *options[i].def ? ", default " : "",
             options[i].def ? options[i].def : "");
-  fputs("  -h, --help                 show this help and exit\n"
-        "  -V, --version              show the version and the libraries in "
-        "use\n"
-        "\n"
-        "rebound dlq ls|show|redrive|purge ...: dead-letter queues (rebound "
-        "dlq --help)\n",
-        f);
+  fputs(
+      "  -c, -l, -u, -a             short for --config, --listen, --upstream, "
+      "--admin\n"
+      "  --check                    check the settings (files, certificates, "
+      "host names)\n"
+      "                             without binding; print them and exit 0, "
+      "or 2\n"
+      "  -h, --help                 show this help and exit\n"
+      "  -V, --version              show the version and the libraries in "
+      "use\n"
+      "Durations: 10 (seconds), 500ms, 1.5s, 1m30s. Sizes: 4096, 512K, 256M, "
+      "1G.\n"
+      "\n"
+      "rebound dlq ls|show|redrive|purge ...: dead-letter queues (rebound "
+      "dlq --help)\n",
+      f);
+}
+
+void px_config_print(const px_config *cfg, void *file) {
+  static const char *const from[] = {"default", "file", "environment", "flag"};
+  FILE *f = file;
+  for (int i = 0; i < N_OPTIONS; i++) {
+    if (!cfg->shown[i][0])
+      continue; /* not given, no default (the policies say what applies) */
+    fprintf(f, "--%-22s %-24s # %s", options[i].flag, cfg->shown[i],
+            from[cfg->origin[i]]);
+    if (cfg->origin[i] == PX_FROM_ENV)
+      fprintf(f, " %s", options[i].env);
+    fputc('\n', f);
+  }
 }

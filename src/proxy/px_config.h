@@ -38,6 +38,17 @@ typedef struct px_tls_config {
   bool upstream_verify;     /* --upstream-verify on|off */
 } px_tls_config;
 
+/* Where an option's value came from. */
+typedef enum px_origin {
+  PX_FROM_DEFAULT,
+  PX_FROM_FILE,
+  PX_FROM_ENV,
+  PX_FROM_FLAG,
+} px_origin;
+
+#define PX_CONFIG_MAX_OPTIONS 48 /* at least as many as PX_OPTIONS has */
+#define PX_CONFIG_SHOWN 160      /* bytes of a value kept for px_config_print */
+
 typedef struct px_config {
   bool listen_on; /* --listen is not off */
   px_addr listen;
@@ -60,7 +71,11 @@ typedef struct px_config {
   uint32_t worker;
   uint64_t cache_per_connection;
   uint64_t cache_total;
-  char config_path[1024];
+  char config_path[1024]; /* the file read ("" for none) */
+  /* each option's value as last given, and where it came from ("" and
+   * PX_FROM_DEFAULT for an option without a default nobody set) */
+  char shown[PX_CONFIG_MAX_OPTIONS][PX_CONFIG_SHOWN];
+  uint8_t origin[PX_CONFIG_MAX_OPTIONS];
   bool admin_on;
   px_addr admin;
   bool retry_shared;         /* copies on the client's upstream connection */
@@ -74,6 +89,7 @@ typedef struct px_config {
   struct {
     bool tiers, queues, max_attempts, queue_type, backoff, processing_timeout;
     retry_rule rule;
+    unsigned replaced; /* the file's rules they replaced (logged over 1) */
   } override;
 } px_config;
 
@@ -122,7 +138,7 @@ typedef struct px_config {
   X(log_level, "log-level", "REBOUND_LOG_LEVEL", "log_level", LOG_LEVEL,       \
     "info", "debug, info, warn or error")                                      \
   X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT",                \
-    "drain_timeout", DURATION, "10s",                                          \
+    "drain_timeout", DURATION0, "10s",                                         \
     "on SIGTERM/SIGINT, how long clients get to go")                           \
   X(handshake_timeout_ms, "handshake-timeout", "REBOUND_HANDSHAKE_TIMEOUT",    \
     "handshake_timeout", DURATION, "10s",                                      \
@@ -145,7 +161,7 @@ typedef struct px_config {
     "SO_REUSEPORT, one admin endpoint for all; auto: one per CPU); "           \
     "--max-connections and --cache-total are shared out among them")           \
   X(retry_finish_timeout_ms, "retry-finish-timeout",                           \
-    "REBOUND_RETRY_FINISH_TIMEOUT", "retry_finish_timeout", DURATION, "10s",   \
+    "REBOUND_RETRY_FINISH_TIMEOUT", "retry_finish_timeout", DURATION0, "10s",  \
     "a client gone with retries pending: how long to finish them")             \
   X(retry_confirm_timeout_ms, "retry-confirm-timeout",                         \
     "REBOUND_RETRY_CONFIRM_TIMEOUT", "retry_confirm_timeout", DURATION, "30s", \
@@ -218,6 +234,10 @@ char *px_addr_format(const px_addr *a, char *out, size_t cap);
 
 /* Write the usage text, generated from PX_OPTIONS. */
 void px_config_usage(void *file);
+
+/* Write every option as "flag  value  # origin", one a line (a FILE *):
+ * the effective settings, as given. */
+void px_config_print(const px_config *cfg, void *file);
 
 /* Set one option from text, by its flag name ("listen", "retry-tiers").
  * Returns 0, -1 (bad value) or -2 (no such option). Used by the file

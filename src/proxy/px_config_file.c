@@ -100,7 +100,7 @@ static int backoff_key(loader *l, const char *key, yaml_node_t *v,
       return 0;
     return fail(l, v,
                 "backoff: %s '%s': expected a delay like 500ms, 1s, "
-                "2m, 1h (at most 24h)",
+                "1m30s (more than 0, at most 24h)",
                 key, s);
   }
   if (s && strcmp(key, "multiplier") == 0)
@@ -255,6 +255,28 @@ static int load_retry(loader *l, yaml_node_t *n, px_config *cfg) {
   return 0;
 }
 
+/* A key given twice in one mapping is an error (YAML says keys are
+ * unique; silently keeping the last would hide a mistake). */
+static int no_duplicate_keys(loader *l) {
+  for (yaml_node_t *n = l->doc.nodes.start; n < l->doc.nodes.top; n++) {
+    if (n->type != YAML_MAPPING_NODE)
+      continue;
+    yaml_node_pair_t *pairs = n->data.mapping.pairs.start;
+    size_t count = (size_t)(n->data.mapping.pairs.top - pairs);
+    for (size_t i = 1; i < count; i++) {
+      yaml_node_t *k = yaml_document_get_node(&l->doc, pairs[i].key);
+      const char *key = scalar(k);
+      for (size_t j = 0; key && j < i; j++) {
+        yaml_node_t *first = yaml_document_get_node(&l->doc, pairs[j].key);
+        if (scalar(first) && strcmp(scalar(first), key) == 0)
+          return fail(l, k, "duplicate key '%s' (first at line %lu)", key,
+                      (unsigned long)first->start_mark.line + 1);
+      }
+    }
+  }
+  return 0;
+}
+
 static int load_root(loader *l, px_config *cfg) {
   yaml_node_t *root = yaml_document_get_root_node(&l->doc);
   char buf[4096];
@@ -303,7 +325,7 @@ int px_config_read_file(px_config *cfg, const px_config_keys *keys,
              (unsigned long)parser.problem_mark.line + 1,
              parser.problem ? parser.problem : "invalid YAML");
   } else {
-    rc = load_root(&l, cfg);
+    rc = no_duplicate_keys(&l) ? -1 : load_root(&l, cfg);
     yaml_document_delete(&l.doc);
   }
   yaml_parser_delete(&parser);

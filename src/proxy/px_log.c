@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -32,7 +33,8 @@ void px_log_set_level(px_log_level level) {
 
 int px_log_level_parse(const char *s, px_log_level *out) {
   for (int i = 0; i < 4; i++)
-    if (strcmp(s, names[i]) == 0) {
+    if (strcasecmp(s, names[i]) == 0 ||
+        (i == PX_LOG_WARN && strcasecmp(s, "warning") == 0)) {
       *out = (px_log_level)i;
       return 0;
     }

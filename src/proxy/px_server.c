@@ -26,6 +26,7 @@
 #include "px_dlq_http.h"
 #include "px_log.h"
 #include "px_metrics.h"
+#include "px_resolve.h"
 #include "px_routes.h"
 #include "px_session.h"
 #include "px_tls.h"
@@ -397,10 +398,9 @@ static uv_tcp_t *bind_listener(px_server *srv, const px_addr *a,
   int rc;
 
   px_addr_format(a, addr, sizeof addr);
-  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
-      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
-    px_error("listen_failed", PX_S("address", addr),
-             PX_S("error", "not a numeric IP address"));
+  char why[300];
+  if (px_addr_resolve(a->host, a->port, &ss, why, sizeof why) != 0) {
+    px_error("listen_failed", PX_S("address", addr), PX_S("error", why));
     return NULL;
   }
   uv_tcp_t *l = malloc(sizeof *l);
@@ -666,6 +666,38 @@ static void start_signal(px_server *srv, uv_signal_t *h, uv_signal_cb cb,
   uv_signal_start(h, cb, signum);
 }
 
+int px_server_check(const px_config *cfg) {
+  px_server *srv = calloc(1, sizeof *srv); /* for the TLS observer only */
+  px_tls_ctx *server, *upstream;
+  if (!srv || !tls_contexts(srv, cfg, &server, &upstream)) {
+    free(srv);
+    return -1;
+  }
+  px_tls_ctx_unref(server);
+  px_tls_ctx_unref(upstream);
+  free(srv);
+  const struct {
+    bool on;
+    const px_addr *a;
+    const char *flag;
+  } binds[] = {{cfg->listen_on, &cfg->listen, "listen"},
+               {cfg->tls.listen_on, &cfg->tls.listen, "tls-listen"},
+               {cfg->admin_on, &cfg->admin, "admin"}};
+  int rc = 0;
+  for (size_t i = 0; i < sizeof binds / sizeof *binds; i++) {
+    struct sockaddr_storage ss;
+    char why[300], addr[300];
+    if (binds[i].on && px_addr_resolve(binds[i].a->host, binds[i].a->port, &ss,
+                                       why, sizeof why) != 0) {
+      px_error("check_address_failed", PX_S("option", binds[i].flag),
+               PX_S("address", px_addr_format(binds[i].a, addr, sizeof addr)),
+               PX_S("error", why));
+      rc = -1;
+    }
+  }
+  return rc;
+}
+
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
@@ -678,9 +710,18 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   if (cfg->listen_on &&
       !(srv->listener = bind_listener(srv, &cfg->listen, "amqp")))
     return UV_EINVAL;
-  if (cfg->tls.listen_on &&
-      !(srv->tls_listener = bind_listener(srv, &cfg->tls.listen, "amqps")))
+  /* an admin endpoint that cannot bind stops the start too (logged;
+   * --admin off runs without one) */
+  if ((cfg->tls.listen_on &&
+       !(srv->tls_listener = bind_listener(srv, &cfg->tls.listen, "amqps"))) ||
+      (cfg->admin_on && cfg->worker == 0 &&
+       px_admin_start(&srv->admin, loop, cfg->admin.host, cfg->admin.port,
+                      px_routes_route, srv) != 0)) {
+    close_listener(&srv->listener); /* freed as the loop runs on */
+    close_listener(&srv->tls_listener);
     return UV_EINVAL;
+  }
+  srv->admin_on = cfg->admin_on && cfg->worker == 0;
   srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
@@ -699,11 +740,6 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   uv_timer_start(&srv->janitor_timer, on_janitor, PX_JANITOR_MS, PX_JANITOR_MS);
   new_policies(srv);
   srv->cache_total = px_workers_share(srv, cfg->cache_total);
-  if (cfg->admin_on && cfg->worker == 0) {
-    /* an admin endpoint that cannot bind is logged; the proxy still runs */
-    srv->admin_on = px_admin_start(&srv->admin, loop, cfg->admin.host,
-                                   cfg->admin.port, px_routes_route, srv) == 0;
-  }
   srv->fd_reserve =
       open_fds() + (srv->admin_on ? PX_ADMIN_FDS : 0) + PX_FD_SLACK;
   srv->max_connections = connection_limit(srv, cfg, 0);

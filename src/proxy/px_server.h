@@ -183,6 +183,12 @@ static inline bool px_server_ready(const px_server *srv) {
          (srv->upstream_ok || !srv->cfg->ready_needs_upstream);
 }
 
+/* --check: what px_server_start would refuse, without binding anything:
+ * the certificates and keys load, the listeners' and the admin
+ * endpoint's host names resolve. Each failure is logged as at start.
+ * Returns 0 or -1. */
+int px_server_check(const px_config *cfg);
+
 /* Bind the listener and install signal handlers on `loop`. Returns 0 or a
  * negative libuv error (logged; running the loop then finishes closing the
  * listener that failed). `cfg` must outlive the server. */

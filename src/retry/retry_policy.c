@@ -10,24 +10,74 @@ static const struct unit {
   uint32_t ms;
 } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
 
-int retry_delay_parse(const char *s, size_t len, uint32_t *ms) {
-  uint64_t n = 0;
-  size_t i = 0;
+#define MAX_DELAY_US ((uint64_t)MAX_DELAY_MS * 1000)
 
-  while (i < len && s[i] >= '0' && s[i] <= '9' && n <= MAX_DELAY_MS)
-    n = n * 10 + (uint64_t)(s[i++] - '0');
-  if (i == 0 || n == 0)
+static bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+/* A number at s[*i] ("12", "1.5"), in millionths; -1 if there is none or
+ * it is over the limit (the fraction's digits past the sixth are read and
+ * dropped). */
+static int64_t read_number(const char *s, size_t len, size_t *i) {
+  uint64_t whole = 0, frac = 0, scale = 1000000;
+  size_t start = *i;
+  while (*i < len && is_digit(s[*i]) && whole <= MAX_DELAY_US)
+    whole = whole * 10 + (uint64_t)(s[(*i)++] - '0');
+  if (*i == start || whole > MAX_DELAY_US)
     return -1;
+  if (*i < len && s[*i] == '.') {
+    size_t dot = ++*i;
+    for (; *i < len && is_digit(s[*i]); ++*i)
+      if (scale > 1)
+        frac += (uint64_t)(s[*i] - '0') * (scale /= 10);
+    if (*i == dot)
+      return -1;
+  }
+  return (int64_t)(whole * 1000000 + frac);
+}
+
+/* The unit at s[*i] in microseconds, or 0 for none. */
+static uint64_t read_unit(const char *s, size_t len, size_t *i) {
   for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
     size_t sl = strlen(units[u].suffix);
-    if (len - i == sl && memcmp(s + i, units[u].suffix, sl) == 0) {
-      if (n > MAX_DELAY_MS / units[u].ms)
-        return -1;
-      *ms = (uint32_t)n * units[u].ms;
-      return 0;
+    if (len - *i >= sl && memcmp(s + *i, units[u].suffix, sl) == 0 &&
+        (*i + sl == len || !(s[*i + sl] >= 'a' && s[*i + sl] <= 'z'))) {
+      *i += sl;
+      return (uint64_t)units[u].ms * 1000;
     }
   }
-  return -1;
+  return 0;
+}
+
+int retry_duration_parse(const char *s, size_t len, uint32_t *ms) {
+  uint64_t us = 0; /* microseconds */
+  size_t i = 0;
+  while (i < len) {
+    int64_t n = read_number(s, len, &i);
+    if (n < 0)
+      return -1;
+    uint64_t unit = read_unit(s, len, &i);
+    if (!unit && !(i == len && us == 0))
+      return -1; /* a bare number is seconds, alone */
+    if (!unit)
+      unit = 1000000;
+    if ((uint64_t)n > (MAX_DELAY_US - us) * 1000000 / unit)
+      return -1;
+    us += (uint64_t)n * unit / 1000000;
+  }
+  if (len == 0)
+    return -1;
+  *ms = (uint32_t)((us + 500) / 1000);
+  return *ms <= MAX_DELAY_MS ? 0 : -1;
+}
+
+int retry_delay_parse(const char *s, size_t len, uint32_t *ms) {
+  uint32_t v;
+  if (retry_duration_parse(s, len, &v) != 0 || v == 0)
+    return -1;
+  *ms = v;
+  return 0;
 }
 
 int retry_delay_format(uint32_t ms, char *out, size_t cap) {

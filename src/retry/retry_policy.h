@@ -10,10 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parse a delay such as "250ms", "1s", "2m", "1h" (a positive whole number
- * and a unit) into milliseconds. `len` bytes of `s` are read; no NUL is
- * needed. Returns 0 and sets `*ms`, or -1 for anything else (no unit, zero,
- * a fraction, a value over 24 hours). */
+/* Parse a duration into milliseconds: a number of seconds ("10", "1.5",
+ * "0"), or numbers each with a unit ms, s, m or h ("250ms", "1.5s",
+ * "1m30s", "2h"), rounded to the millisecond. `len` bytes of `s` are read;
+ * no NUL is needed. Returns 0 and sets `*ms`, or -1 for anything else (a
+ * sign, a space, another unit, a value over 24 hours). */
+int retry_duration_parse(const char *s, size_t len, uint32_t *ms);
+
+/* A delay: a duration (above) of at least 1 ms. */
 int retry_delay_parse(const char *s, size_t len, uint32_t *ms);
 
 /* Write the canonical name of a delay, as used in tier queue names

@@ -197,6 +197,11 @@ static void expect_file_error(const char *yaml, const char *want) {
 
 static void test_bad_files(void **state) {
   (void)state;
+  expect_file_error("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n",
+                    "2: duplicate key 'listen' (first at line 1)");
+  expect_file_error("retry:\n  policies:\n    - queues: [a]\n"
+                    "      tiers: [1s]\n      tiers: [2s]\n",
+                    "5: duplicate key 'tiers' (first at line 4)");
   expect_file_error("listen: 1.2.3.4\n", "1: listen: invalid value");
   expect_file_error("listen: 127.0.0.1:1\nbogus: 1\n",
                     "2: unknown key 'bogus'");
@@ -297,8 +302,10 @@ static void test_backoff_refused(void **state) {
        "3: backoff: jitter 0.7: expected a fraction 0..0.5"},
       {"      backoff: {multiplier: fast}\n",
        "4: backoff: multiplier 'fast': expected a number 1..100"},
-      {"      backoff: {initial: 1}\n",
-       "4: backoff: initial '1': expected a delay like 500ms"},
+      {"      backoff: {initial: soon}\n",
+       "4: backoff: initial 'soon': expected a delay like 500ms"},
+      {"      backoff: {max: 0}\n",
+       "4: backoff: max '0': expected a delay like 500ms"},
       {"      backoff: {buckets: 12}\n", "3: backoff: buckets 12"},
       {"      backoff: {color: red}\n", "4: backoff: unknown key 'color'"},
       {"      backoff: 1s\n", "4: backoff: expected a mapping"},
@@ -329,13 +336,27 @@ static void test_bad_flags_and_env(void **state) {
   fake_env[0][1] = "lots";
   assert_int_equal(load(&c, argv3, err), PX_CONFIG_ERROR);
   assert_string_equal(err, "REBOUND_CACHE_TOTAL=lots: not a valid "
-                           "--cache-total (expected a size like 512KiB, 8MiB, "
-                           "1GiB or a number of bytes)");
+                           "--cache-total (expected a size like 512K, 256M, 1G "
+                           "(also KiB, MiB, GiB; KB, MB, GB are 1000-based) or "
+                           "a number of bytes)");
+  static const struct {
+    const char *in;
+    uint64_t n;
+  } sizes[] = {{"512KiB", 512 << 10}, {"256M", 256 << 20}, {"256m", 256 << 20},
+               {"256MiB", 256 << 20}, {"1G", 1ull << 30},  {"1gib", 1ull << 30},
+               {"2T", 2ull << 40},    {"8k", 8 << 10},     {"5MB", 5000000},
+               {"1gb", 1000000000},   {"4096", 4096},      {"7B", 7}};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    uint64_t n = 0;
+    if (px_parse_size(sizes[i].in, &n) != 0 || n != sizes[i].n)
+      fail_msg("'%s': %llu", sizes[i].in, (unsigned long long)n);
+  }
   uint64_t n;
-  assert_int_equal(px_parse_size("512KiB", &n), 0);
-  assert_int_equal(n, 512 * 1024);
-  assert_int_equal(px_parse_size("-1", &n), -1);
-  assert_int_equal(px_parse_size("3 MiB", &n), -1);
+  static const char *bad[] = {"-1", "3 MiB", "1Gi",  "1KK",
+                              "M",  "",      "1.5G", "20000000T"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    if (px_parse_size(bad[i], &n) != -1)
+      fail_msg("'%s' accepted", bad[i]);
 }
 
 /* Upstreams as HOST:PORT or amqp(s) URLs; the TLS options that only make
@@ -432,6 +453,93 @@ static void test_confirm_timeout_and_max_connections(void **state) {
 }
 
 static void expect_flag_error(const char *flag, const char *value,
+                              const char *want);
+
+/* Durations: a number of seconds, fractions, several units, and 0 where
+ * it means no wait; log levels in any case. */
+static void test_durations_and_levels(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  char *argv[] = {"rebound",
+                  "--drain-timeout",
+                  "0",
+                  "--retry-finish-timeout",
+                  "1m30s",
+                  "--handshake-timeout",
+                  "1.5s",
+                  "--connect-timeout",
+                  "10",
+                  "--retry-tiers",
+                  "500ms,1.5,1m30s",
+                  "--log-level",
+                  "DEBUG",
+                  NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_int_equal(c.drain_timeout_ms, 0);
+  assert_int_equal(c.retry_finish_timeout_ms, 90000);
+  assert_int_equal(c.handshake_timeout_ms, 1500);
+  assert_int_equal(c.connect_timeout_ms, 10000);
+  assert_int_equal(c.rules[0].ntiers, 3);
+  assert_int_equal(c.rules[0].tiers_ms[1], 1500);
+  assert_int_equal(c.rules[0].tiers_ms[2], 90000);
+  assert_int_equal(c.log_level, PX_LOG_DEBUG);
+  char *argv2[] = {"rebound", "--log-level", "Warning", NULL};
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_OK);
+  assert_int_equal(c.log_level, PX_LOG_WARN);
+  expect_flag_error("--drain-timeout", "-1",
+                    "--drain-timeout: invalid value '-1' (expected a duration "
+                    "like 0, 500ms, 10s, 1.5s, 1m30s or seconds like 10 (at "
+                    "most 24h))");
+  expect_flag_error("--connect-timeout", "0",
+                    "--connect-timeout: invalid value '0' (expected a duration "
+                    "like 500ms, 10s, 1.5s, 1m30s or seconds like 10 (more "
+                    "than 0, at most 24h))");
+  expect_flag_error("--log-level", "verbose",
+                    "--log-level: invalid value 'verbose' (expected debug, "
+                    "info, warn or error (any case))");
+}
+
+/* getopt_long's spellings: -c FILE, -lADDR, --flag=value; :PORT for
+ * every interface; --help and --version win over any bad setting. */
+static void test_short_options_and_any_interface(void **state) {
+  (void)state;
+  static px_config c;
+  char err[256];
+  const char *p = write_file("upstreams: [127.0.0.1:5999]\n");
+  char *argv[] = {"rebound", "-c",    (char *)p, "-l:6000",
+                  "-a",      ":9901", "-u",      "amqps://mq.example",
+                  NULL};
+  memset(fake_env, 0, sizeof fake_env);
+  assert_int_equal(load(&c, argv, err), PX_CONFIG_OK);
+  assert_string_equal(c.listen.host, "0.0.0.0");
+  assert_int_equal(c.listen.port, 6000);
+  assert_string_equal(c.admin.host, "0.0.0.0");
+  assert_int_equal(c.admin.port, 9901);
+  assert_int_equal(c.n_upstreams, 1); /* the flag beats the file */
+  assert_string_equal(c.upstream[0].host, "mq.example");
+  assert_int_equal(c.upstream[0].port, 5671);
+  char *argv2[] = {"rebound", "-c", (char *)p, NULL};
+  assert_int_equal(load(&c, argv2, err), PX_CONFIG_OK);
+  assert_int_equal(c.upstream[0].port, 5999); /* the file, through -c */
+  unlink(p);
+
+  fake_env[0][0] = "REBOUND_LISTEN";
+  fake_env[0][1] = "nope";
+  char *help[] = {"rebound", "--config", "/nonexistent", "--help", NULL};
+  assert_int_equal(load(&c, help, err), PX_CONFIG_HELP);
+  char *version[] = {"rebound", "--drain-timeout", "soon", "-V", NULL};
+  assert_int_equal(load(&c, version, err), PX_CONFIG_VERSION);
+  char *bad[] = {"rebound", NULL};
+  assert_int_equal(load(&c, bad, err), PX_CONFIG_ERROR);
+  expect_flag_error("-x", "1", "unknown option '-x' (see --help)");
+  expect_flag_error("-l", ":0",
+                    "--listen: invalid value ':0' (expected HOST:PORT, "
+                    "[IPv6]:PORT, :PORT (every IPv4 interface) or off)");
+}
+
+static void expect_flag_error(const char *flag, const char *value,
                               const char *want) {
   static px_config c;
   char err[256];
@@ -443,11 +551,12 @@ static void expect_flag_error(const char *flag, const char *value,
 
 static void test_confirm_timeout_and_max_connections_bad(void **state) {
   (void)state;
-  const char *dur = " (expected a duration like 500ms, 10s, 2m, 1h (at most "
-                    "24h))";
+  const char *dur = " (expected a duration like 500ms, 10s, 1.5s, 1m30s or "
+                    "seconds like 10 (more than 0, at most 24h))";
   const char *lim = " (expected auto or a whole number from 1 to 10000000)";
   char want[256];
-  static const char *bad_durations[] = {"0s", "30", "-1s", "25h", "1 s", ""};
+  static const char *bad_durations[] = {"0s", "0",    "-1s", "25h", "1 s",
+                                        "",   "1m30", "1.s", "10S", "1d"};
   for (size_t i = 0; i < sizeof bad_durations / sizeof *bad_durations; i++) {
     snprintf(want, sizeof want, "--retry-confirm-timeout: invalid value '%s'%s",
              bad_durations[i], dur);
@@ -507,6 +616,8 @@ int main(void) {
       cmocka_unit_test(test_upstream_urls_and_tls),
       cmocka_unit_test(test_confirm_timeout_and_max_connections),
       cmocka_unit_test(test_confirm_timeout_and_max_connections_bad),
+      cmocka_unit_test(test_durations_and_levels),
+      cmocka_unit_test(test_short_options_and_any_interface),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -405,3 +405,34 @@ def test_fd_limit_raised_at_start_and_the_cap_sized_from_it(tmp_path, broker):
         assert len(warn) == 1 and 80 <= int(warn[0]["fits"]) <= 127, warn
     finally:
         stop(proc, log)
+
+
+def test_an_admin_address_that_cannot_be_bound_stops_the_start(broker):
+    """The admin port is taken: rebound exits 1 at once, saying which
+    address and why (it does not run on without /metrics and /readyz);
+    with --admin off it starts."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        base = [rbtest.BIN, "--listen", "127.0.0.1:%d" % rbtest.free_port(),
+                "--upstream", broker.addr]
+        run = subprocess.run(base + ["--admin", "127.0.0.1:%d" % port],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 1, run
+        line = [ln for ln in run.stdout.splitlines() + run.stderr.splitlines()
+                if "msg=admin_listen_failed" in ln]
+        assert line and "address=127.0.0.1:%d" % port in line[0] and \
+            'error="address already in use"' in line[0], run
+        p = subprocess.Popen(base + ["--admin", "off"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            rbtest.wait_until(lambda: "msg=listening" in p.stdout.readline(),
+                              20, "rebound to listen with --admin off")
+            assert p.poll() is None
+        finally:
+            p.terminate()
+            p.wait(30)
+    finally:
+        taken.close()
