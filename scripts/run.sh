@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Quick start: install what is missing, build rebound (release), and run it.
-# Without --upstream (or REBOUND_UPSTREAM), a private RabbitMQ is started on
-# 127.0.0.1 (port 5672 if free) and rebound is put in front of it.
+# Without --upstream/-u (or REBOUND_UPSTREAM), a private RabbitMQ is started
+# on 127.0.0.1 (port 5672 if free), rebound is put in front of it, and the
+# broker is stopped when rebound stops. --help, --version and --check start
+# no broker.
 #
 #   scripts/run.sh [rebound options...]
 set -euo pipefail
@@ -13,17 +15,29 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREBOUND_TESTS=OFF \
   -DREBOUND_BENCH=OFF >/dev/null
 cmake --build "$build" -j "$(nproc)" --target rebound
 
-args=("$@")
 upstream=${REBOUND_UPSTREAM:-}
 for a in "$@"; do
-  case $a in --upstream | --upstream=*) upstream=given ;; esac
+  case $a in
+  -h | --help | -V | --version | --check) exec "$build/rebound" "$@" ;;
+  --upstream | --upstream=* | -u | -u?*) upstream=given ;;
+  esac
 done
-if [ -z "$upstream" ]; then
-  broker_dir=$build/broker
-  url=$(scripts/broker.sh start "$broker_dir" | tail -n 1)
-  port=${url##*:}
-  port=${port%/}
-  echo "run: RabbitMQ on 127.0.0.1:$port (stop: scripts/broker.sh stop $broker_dir)"
-  args=(--upstream "127.0.0.1:$port" "${args[@]}")
-fi
-exec "$build/rebound" "${args[@]}"
+[ -n "$upstream" ] && exec "$build/rebound" "$@"
+
+# No upstream given: a private RabbitMQ, stopped again when rebound stops
+# (Ctrl-C or SIGTERM reach rebound, which drains; then the broker goes).
+broker_dir=$build/broker
+url=$(scripts/broker.sh start "$broker_dir" | tail -n 1)
+port=${url##*:}
+port=${port%/}
+echo "run: RabbitMQ on 127.0.0.1:$port, stopped when rebound stops"
+"$build/rebound" --upstream "127.0.0.1:$port" "$@" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null || true' INT TERM
+rc=0
+while kill -0 "$pid" 2>/dev/null; do
+  wait "$pid" && rc=0 || rc=$?
+done
+echo "run: rebound exited ($rc); stopping RabbitMQ"
+scripts/broker.sh stop "$broker_dir" >/dev/null
+exit "$rc"
