@@ -11,7 +11,7 @@ build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
 run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
-           valgrind haproxy chromium nodejs systemd)
+           valgrind haproxy chromium nodejs systemd groff-base)
 
 pkgs=("${build_pkgs[@]}" "${run_pkgs[@]}")
 [ "${1:-}" = "--run" ] || pkgs+=("${test_pkgs[@]}")
