@@ -466,8 +466,12 @@ def test_drain_timeout_stops_a_redrive_which_answers_503(rebound_factory,
     ids = put_parked(broker, direct, a.lit, n)
     wait_count(direct, d, n, timeout=120)
     refused = []
-    r = _sigterm_during_redrive(
-        a, direct, d, n, then=lambda: refused.append(a.post(path(d, "purge"))))
+
+    def purge_once_draining():  # the signal may reach rebound after a request
+        a.rb.wait_log("shutdown")
+        refused.append(a.post(path(d, "purge")))
+
+    r = _sigterm_during_redrive(a, direct, d, n, then=purge_once_draining)
     assert refused[0].status == 503 and "no new" in \
         refused[0].json()["error"], refused[0]
     doc = r.json()
