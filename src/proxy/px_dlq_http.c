@@ -201,7 +201,6 @@ static void op_end(http_op *h) {
   if (h->next)
     h->next->prev = h->prev;
   free(h);
-  srv->dlq_ops--;
   srv->dlq_op_done(srv);
 }
 
@@ -266,7 +265,7 @@ static void run(px_server *srv, http_op *h, px_dlq_request *q,
   if (h->next)
     h->next->prev = h;
   srv->dlq_list = h;
-  srv->dlq_ops++; /* a drain waits for it */
+  /* a drain waits for it */
   px_admin_defer(r, on_cancel, h);
 }
 
@@ -384,6 +383,13 @@ void px_dlq_http_purge(px_server *srv, const px_admin_request *req,
 }
 
 /* ---- shutdown ---- */
+
+unsigned px_dlq_http_running(const px_server *srv) {
+  unsigned n = 0;
+  for (const http_op *h = srv->dlq_list; h; h = h->next)
+    n++;
+  return n;
+}
 
 void px_dlq_http_stop_all(px_server *srv, bool now) {
   for (http_op *h = srv->dlq_list, *next; h; h = next) {

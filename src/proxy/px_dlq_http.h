@@ -41,6 +41,9 @@ void px_dlq_http_redrive(struct px_server *srv, const px_admin_request *req,
 void px_dlq_http_purge(struct px_server *srv, const px_admin_request *req,
                        const char *queue, px_admin_response *r);
 
+/* How many operations are running. */
+unsigned px_dlq_http_running(const struct px_server *srv);
+
 /* The drain timeout has passed. Each operation still running stops
  * taking messages, settles the copies in flight (px_dlq_stop) and answers
  * 503 with what it did; with `now`, it is cut off at once instead

@@ -188,7 +188,7 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
 /* ---- shutdown ------------------------------------------------------------ */
 
 static void stop_loop_if_done(px_server *srv) {
-  if (srv->draining && !srv->sessions && !srv->dlq_ops &&
+  if (srv->draining && !srv->sessions && !srv->dlq_list &&
       !px_workers_running(srv)) {
     px_server_stop(srv);
     uv_stop(srv->loop);
@@ -223,24 +223,25 @@ int px_server_start_workers(px_server *srv, char **argv) {
 static void on_drain_timeout(uv_timer_t *t) {
   px_server *srv = t->data;
   if (srv->drain_expired) { /* the operations' time is up too */
-    px_warn("dlq_stop_timeout", PX_U("operations_left", srv->dlq_ops),
+    px_warn("dlq_stop_timeout",
+            PX_U("operations_left", px_dlq_http_running(srv)),
             PX_U("timeout_ms", PX_DLQ_STOP_MS));
     px_dlq_http_stop_all(srv, true);
     return;
   }
   uint64_t n = srv->stats.sessions_current;
   px_warn("drain_timeout", PX_U("sessions_left", n),
-          PX_U("dlq_operations_left", srv->dlq_ops),
+          PX_U("dlq_operations_left", px_dlq_http_running(srv)),
           PX_U("timeout_ms", srv->cfg->drain_timeout_ms));
   srv->drain_expired = true;
   while (srv->sessions)
     px_session_close(srv->sessions, PX_CR_DRAIN_TIMEOUT);
   if (px_workers_running(srv)) /* each has its own drain timeout */
     px_workers_deadline(srv);
-  if (srv->dlq_ops) {
+  if (srv->dlq_list) {
     uv_timer_start(&srv->drain_timer, on_drain_timeout, PX_DLQ_STOP_MS, 0);
     px_dlq_http_stop_all(srv, false);
-    if (!srv->dlq_ops && !srv->stopped) /* all ended at once */
+    if (!srv->dlq_list && !srv->stopped) /* all ended at once */
       uv_timer_stop(&srv->drain_timer);
     return;
   }

@@ -123,10 +123,10 @@ typedef struct px_server {
   /* the transport of the retry connections (NULL: plain TCP; a test's) */
   const struct px_conn_io *pub_io;
   uint64_t next_id;
-  unsigned dlq_ops; /* admin dead-letter operations running: a drain
-                       waits for them too */
-  struct px_dlq_http_op *dlq_list; /* those operations (px_dlq_http.c) */
-  /* one of them ended, dlq_ops decremented: a drain waiting for it may
+  /* admin dead-letter operations running (px_dlq_http.c): a drain waits
+   * for them too */
+  struct px_dlq_http_op *dlq_list;
+  /* one of them ended (unlinked from dlq_list): a drain waiting for it may
    * end (px_server_start() sets it) */
   void (*dlq_op_done)(struct px_server *srv);
   bool draining;
