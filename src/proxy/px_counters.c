@@ -30,7 +30,8 @@ static const char *slot_label(px_server *srv, int slot) {
              : "other";
 }
 
-void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
+static void add(px_server *srv, int id, const char *v1, const char *v2,
+                uint64_t n) {
   px_metrics_store *m = &srv->metrics;
   if (px_counter_families[id].queue_label)
     v1 = slot_label(srv, queue_slot(srv, v1));
@@ -39,7 +40,7 @@ void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
   for (uint32_t i = 0; i < m->n; i++) {
     px_counter *c = &m->counters[i];
     if (c->id == id && strcmp(c->v1, v1) == 0 && strcmp(c->v2, v2) == 0) {
-      c->n++;
+      c->n += n;
       return;
     }
   }
@@ -55,7 +56,16 @@ void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
   c->id = id;
   snprintf(c->v1, sizeof c->v1, "%s", v1);
   snprintf(c->v2, sizeof c->v2, "%s", v2);
-  c->n = 1;
+  c->n = n;
+}
+
+void px_metrics_inc(px_server *srv, int id, const char *v1, const char *v2) {
+  add(srv, id, v1, v2, 1);
+}
+
+void px_metrics_declare(px_server *srv, int id, const char *v1,
+                        const char *v2) {
+  add(srv, id, v1, v2, 0);
 }
 
 int px_metrics_queue(px_server *srv, const char *queue) {

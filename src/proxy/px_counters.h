@@ -52,6 +52,11 @@ enum px_labelled_id {
 void px_metrics_inc(struct px_server *srv, int id, const char *v1,
                     const char *v2);
 
+/* Make the series exist at 0 if it does not yet, so that a known label
+ * value shows before its first event. */
+void px_metrics_declare(struct px_server *srv, int id, const char *v1,
+                        const char *v2);
+
 enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
 
 /* The slot of a queue (px_queues.h): its entry in /v1/queues and, for the

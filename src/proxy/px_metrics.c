@@ -4,22 +4,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <uv.h>
+
 #include "px_admin.h"
+#include "px_close.h"
 #include "px_server.h"
 #include "px_session.h"
 #include "px_tls.h"
 #include "px_view.h"
+#include "retry_plan.h"
 #include "retry_policy.h"
 
 /* X(px_stats field, name, type, help) */
 #define PX_SCALARS(X)                                                          \
   X(sessions_current, "rebound_client_connections", "gauge",                   \
     "Client connections open")                                                 \
-  X(sessions_total, "rebound_client_connections_total", "counter",             \
+  X(sessions_total, "rebound_client_connections_opened_total", "counter",      \
     "Client connections accepted")                                             \
-  X(upstream_connections_total, "rebound_upstream_connections_total",          \
+  X(upstream_connections_total, "rebound_upstream_connections_opened_total",   \
     "counter", "Upstream connections established")                             \
   X(frames_c2u, "rebound_frames_from_clients_total", "counter",                \
     "AMQP frames read from clients")                                           \
@@ -51,10 +57,10 @@
     "counter", "Client connections refused over --max-connections")            \
   X(accept_errors, "rebound_accept_errors_total", "counter",                   \
     "Failed accepts of client connections (e.g. out of file descriptors)")     \
-  X(upstream_blocked_total, "rebound_upstream_blocked_total", "counter",       \
+  X(upstream_blocked_total, "rebound_upstream_blocks_total", "counter",        \
     "Times the broker blocked the connection rebound publishes copies on")     \
-  X(retry_connections_total, "rebound_retry_connections_total", "counter",     \
-    "Separate connections opened for retry copies")                            \
+  X(retry_connections_total, "rebound_retry_connections_opened_total",         \
+    "counter", "Separate connections opened for retry copies")                 \
   X(retry_connection_failures, "rebound_retry_connection_failures_total",      \
     "counter",                                                                 \
     "Separate retry connections that could not log in (copies then go on "     \
@@ -156,15 +162,17 @@ static void render_histograms(px_server *srv, px_admin_response *r) {
                   "queue", px_metrics_queue_label(srv, (int)q));
 }
 
-static long rss_bytes(void) {
-  long pages = 0, rss = 0;
+/* The process's virtual and resident size in bytes, from /proc/self/statm. */
+static void memory_bytes(double *virt, double *rss) {
+  long pages = 0, resident = 0;
   FILE *f = fopen("/proc/self/statm", "r");
   if (f) {
-    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
-      rss = 0;
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+      pages = resident = 0;
     fclose(f);
   }
-  return rss * sysconf(_SC_PAGESIZE);
+  *virt = (double)pages * (double)sysconf(_SC_PAGESIZE);
+  *rss = (double)resident * (double)sysconf(_SC_PAGESIZE);
 }
 
 static long open_fds(void) {
@@ -236,6 +244,47 @@ static void render_unsettled(px_server *srv, px_admin_response *r) {
   }
 }
 
+/* The process metrics every Prometheus client library exports, under
+ * their standard names, so dashboards made for them work unchanged. */
+static void render_process(px_server *srv, px_admin_response *r) {
+  struct rusage ru;
+  double cpu = 0, virt, rss, max_fds = -1;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    max_fds = (double)rl.rlim_cur;
+  memory_bytes(&virt, &rss);
+  head(r, "process_cpu_seconds_total", "counter",
+       "Total user and system CPU time spent in seconds");
+  px_admin_printf(r, "process_cpu_seconds_total %.6f\n", cpu);
+  gauge(r, "process_resident_memory_bytes", "Resident memory size in bytes",
+        rss);
+  gauge(r, "process_virtual_memory_bytes", "Virtual memory size in bytes",
+        virt);
+  gauge(r, "process_open_fds", "Number of open file descriptors",
+        (double)open_fds());
+  gauge(r, "process_max_fds", "Maximum number of open file descriptors",
+        max_fds);
+  gauge(r, "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds",
+        srv->started_unix);
+}
+
+/* Always 1; its labels say what is running. */
+static void render_build_info(px_admin_response *r) {
+  head(r, "rebound_build_info", "gauge",
+       "rebound's version and the libraries it runs with");
+  px_admin_printf(r, "rebound_build_info{");
+  put_label(r, "version", REBOUND_VERSION);
+  px_admin_append(r, ",", 1);
+  put_label(r, "libuv", uv_version_string());
+  px_admin_append(r, ",", 1);
+  put_label(r, "openssl", OpenSSL_version(OPENSSL_VERSION));
+  px_admin_printf(r, "} 1\n");
+}
+
 static void render_admin(px_server *srv, px_admin_response *r) {
   const struct {
     const char *name, *help;
@@ -255,6 +304,26 @@ static void render_admin(px_server *srv, px_admin_response *r) {
     px_admin_printf(r, "%s %llu\n", admin[i].name,
                     (unsigned long long)admin[i].v);
   }
+}
+
+void px_metrics_declare_known(px_server *srv) {
+  const px_config *cfg = srv->cfg;
+  for (int r = PX_CR_NONE + 1; r < PX_CR_COUNT; r++)
+    px_metrics_declare(srv, PX_M_CLOSES, px_close_text(r), NULL);
+  for (int r = RETRY_PASS_NONE + 1; r < RETRY_PASS_COUNT; r++)
+    px_metrics_declare(srv, PX_M_PASSTHROUGH, retry_pass_reason_str(r), NULL);
+  char addr[300];
+  for (unsigned i = 0; i < cfg->n_upstreams; i++)
+    px_metrics_declare(srv, PX_M_CONNECT_FAILURES,
+                       px_addr_format(&cfg->upstream[i], addr, sizeof addr),
+                       NULL);
+  bool amqps = false;
+  for (unsigned i = 0; i < cfg->n_upstreams; i++)
+    amqps |= cfg->upstream[i].tls;
+  if (cfg->tls.listen_on)
+    px_metrics_declare(srv, PX_M_TLS_HANDSHAKES, "client", NULL);
+  if (amqps)
+    px_metrics_declare(srv, PX_M_TLS_HANDSHAKES, "upstream", NULL);
 }
 
 void px_metrics_render(px_server *srv, px_admin_response *r) {
@@ -293,11 +362,9 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   render_tls(srv, r);
   gauge(r, "rebound_ready", "1 when /readyz answers ready",
         px_server_ready(srv));
-  gauge(r, "rebound_process_resident_memory_bytes", "Resident memory",
-        (double)rss_bytes());
-  gauge(r, "rebound_process_open_fds", "Open file descriptors",
-        (double)open_fds());
   gauge(r, "rebound_uptime_seconds", "Seconds since start",
         (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
+  render_process(srv, r);
+  render_build_info(r);
   render_admin(srv, r);
 }

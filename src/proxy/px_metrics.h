@@ -20,14 +20,19 @@ struct px_admin_response;
 /* Write every metric in Prometheus text format into `resp`. */
 void px_metrics_render(struct px_server *srv, struct px_admin_response *resp);
 
+/* Make the labelled counters' series for the label values known from the
+ * config and the code (close reasons, pass-through reasons, upstream
+ * addresses, TLS sides) exist at 0. Called at start and after a reload. */
+void px_metrics_declare_known(struct px_server *srv);
+
 /* Merge `n` expositions of this renderer (the first is worker 0's) into
  * one, appended to `resp`: each family once, in the order first seen;
  * each series once, its values summed, except rebound_ready,
- * rebound_uptime_seconds and rebound_tls_certificate_expiry_seconds (the
- * first text's) and rebound_unsettled_oldest_seconds (the largest). Of a
- * text with counters_only[i] (counters_only may be NULL: none), only the
- * series of counter and histogram families count. Returns 0, or -1 when
- * out of memory. */
+ * rebound_uptime_seconds, rebound_build_info, process_start_time_seconds
+ * and rebound_tls_certificate_expiry_seconds (the first text's) and
+ * rebound_unsettled_oldest_seconds (the largest). Of a text with
+ * counters_only[i] (counters_only may be NULL: none), only the series of
+ * counter and histogram families count. Returns 0, or -1 when out of memory. */
 int px_metrics_merge(const char *const *texts, const size_t *lens,
                      const bool *counters_only, unsigned n,
                      struct px_admin_response *resp);

@@ -47,6 +47,8 @@ static const struct {
 } rules[] = {
     {"rebound_ready", FIRST},
     {"rebound_uptime_seconds", FIRST},
+    {"rebound_build_info", FIRST},
+    {"process_start_time_seconds", FIRST},
     {"rebound_tls_certificate_expiry_seconds", FIRST},
     {"rebound_unsettled_oldest_seconds", MAX},
 };

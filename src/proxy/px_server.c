@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "px_buf.h"
@@ -582,6 +583,7 @@ static void reload(px_server *srv) {
   srv->cfg = next;
   srv->cfg_gen++;
   new_policies(srv);
+  px_metrics_declare_known(srv);
   free(old);
   srv->cache_total = px_workers_share(srv, next->cache_total);
   srv->max_connections = connection_limit(srv, next, srv->max_connections);
@@ -699,6 +701,12 @@ int px_server_check(const px_config *cfg) {
   return rc;
 }
 
+static double unix_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
@@ -732,6 +740,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   start_signal(srv, &srv->sigusr1, on_sigusr, SIGUSR1);
   start_signal(srv, &srv->sigusr2, on_sigusr, SIGUSR2);
   srv->started_ms = uv_now(loop);
+  srv->started_unix = unix_now();
   uv_timer_init(loop, &srv->probe_timer);
   srv->probe_timer.data = srv;
   if (cfg->worker == 0) /* /readyz is worker 0's */
@@ -740,6 +749,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->janitor_timer.data = srv;
   uv_timer_start(&srv->janitor_timer, on_janitor, PX_JANITOR_MS, PX_JANITOR_MS);
   new_policies(srv);
+  px_metrics_declare_known(srv);
   srv->cache_total = px_workers_share(srv, cfg->cache_total);
   srv->fd_reserve =
       open_fds() + (srv->admin_on ? PX_ADMIN_FDS : 0) + PX_FD_SLACK;

@@ -136,6 +136,7 @@ typedef struct px_server {
   px_stats stats;
   px_metrics_store metrics;
   uint64_t started_ms;
+  double started_unix; /* wall clock at start, seconds since the epoch */
   /* admission: the cap on client connections (cfg->max_connections, or
    * the file descriptor limit's share under "auto"), a descriptor kept
    * open to test for free ones, and the rate of the warnings */

@@ -13,6 +13,8 @@ const char *retry_pass_reason_str(retry_pass_reason r) {
     return text;
     RETRY_PASS_MAP(RETRY__PASS_STR)
 #undef RETRY__PASS_STR
+  case RETRY_PASS_COUNT:
+    break;
   }
   return "?";
 }

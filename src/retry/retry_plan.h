@@ -119,6 +119,7 @@ typedef enum retry_pass_reason {
 #define RETRY__PASS_ENUM(name, text) RETRY_PASS_##name,
   RETRY_PASS_MAP(RETRY__PASS_ENUM)
 #undef RETRY__PASS_ENUM
+      RETRY_PASS_COUNT
 } retry_pass_reason;
 
 const char *retry_pass_reason_str(retry_pass_reason r);

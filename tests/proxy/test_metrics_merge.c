@@ -102,6 +102,32 @@ static void test_one_process_state_is_not_summed(void **state) {
   free(out);
 }
 
+/* Which build runs and when it started are worker 0's; the resources of
+ * the processes add up. */
+static void test_build_info_and_start_time_are_the_first_process(void **s) {
+  (void)s;
+  const char *info = FAM("rebound_build_info", "gauge");
+  const char *start = FAM("process_start_time_seconds", "gauge");
+  const char *rss = FAM("process_resident_memory_bytes", "gauge");
+  char a[512], b[512];
+  snprintf(a, sizeof a,
+           "%srebound_build_info{version=\"1\"} 1\n"
+           "%sprocess_start_time_seconds 1700000000.25\n"
+           "%sprocess_resident_memory_bytes 100\n",
+           info, start, rss);
+  snprintf(b, sizeof b,
+           "%srebound_build_info{version=\"1\"} 1\n"
+           "%sprocess_start_time_seconds 1700000100.5\n"
+           "%sprocess_resident_memory_bytes 50\n",
+           info, start, rss);
+  const char *t[] = {a, b};
+  char *out = merged(t, 2);
+  assert_non_null(strstr(out, "\nrebound_build_info{version=\"1\"} 1\n"));
+  assert_non_null(strstr(out, "\nprocess_start_time_seconds 1700000000.25\n"));
+  assert_non_null(strstr(out, "\nprocess_resident_memory_bytes 150\n"));
+  free(out);
+}
+
 static void test_histogram_buckets_sum(void **state) {
   (void)state;
   const char *t[] = {
@@ -170,6 +196,7 @@ int main(void) {
       cmocka_unit_test(test_counters_and_gauges_are_summed),
       cmocka_unit_test(test_series_only_some_workers_have),
       cmocka_unit_test(test_one_process_state_is_not_summed),
+      cmocka_unit_test(test_build_info_and_start_time_are_the_first_process),
       cmocka_unit_test(test_histogram_buckets_sum),
       cmocka_unit_test(test_counters_only_text),
       cmocka_unit_test(test_many_series),

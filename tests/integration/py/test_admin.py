@@ -118,7 +118,7 @@ def test_metrics_after_one_poison_message(rebound_factory, broker):
     assert v['rebound_retry_latency_seconds_bucket{le="+Inf"}'] == 4
     assert v["rebound_retries_pending"] == 0
     assert v["rebound_client_connections"] == 1
-    assert v["rebound_client_connections_total"] == 1
+    assert v["rebound_client_connections_opened_total"] == 1
     assert v["rebound_frames_from_clients_total"] > 0
     ch.queue_delete(q)
     for t in ("100ms", "200ms", "300ms"):
@@ -198,10 +198,58 @@ def test_dashboard_uses_only_exported_metrics(rebound_factory):
     used = set()
     for p in dash["panels"]:
         for t in p["targets"]:
-            used |= set(re.findall(r"\b(rebound_[a-z_]+)", t["expr"]))
+            used |= set(re.findall(r"\b((?:rebound|process)_[a-z_]+)",
+                                   t["expr"]))
     assert used, "the dashboard queries nothing"
     missing = {u for u in used if re.sub(r"_bucket$", "", u) not in declared}
     assert not missing, "dashboard uses unknown metrics: %s" % sorted(missing)
+    # every query follows the dashboard's instance and pod variables
+    names = {v["name"] for v in dash["templating"]["list"]}
+    assert {"instance", "pod"} <= names
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for name in re.findall(r"\b((?:rebound|process)_[a-z_]+)\b",
+                                   t["expr"]):
+                assert name + '{instance=~"$instance",pod=~"$pod"}' in \
+                    t["expr"], "%s in %r ignores $instance/$pod" % (
+                        name, t["expr"])
+
+
+def test_metric_families_follow_the_conventions(rebound_factory):
+    """No gauge shares its name with a counter's family (x and x_total),
+    the process_* families have their standard names, rebound_build_info
+    is there, and labelled counters show their known values at 0 before
+    anything happened."""
+    rb = admin_rebound(rebound_factory)
+    _, _, body = get(rb.admin_port, "/metrics")
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", body, re.M))
+    for name, kind in types.items():
+        if kind == "counter":
+            assert name.endswith("_total"), name
+            assert name[:-len("_total")] not in types, \
+                "gauge %s clashes with counter %s" % (name[:-6], name)
+    for name, kind in [("process_cpu_seconds_total", "counter"),
+                       ("process_resident_memory_bytes", "gauge"),
+                       ("process_virtual_memory_bytes", "gauge"),
+                       ("process_open_fds", "gauge"),
+                       ("process_max_fds", "gauge"),
+                       ("process_start_time_seconds", "gauge"),
+                       ("rebound_build_info", "gauge")]:
+        assert types.get(name) == kind, name
+    assert not [n for n in types if n.startswith("rebound_process_")]
+    v = metrics(rb.admin_port)
+    info = [k for k in v if k.startswith("rebound_build_info{")]
+    assert len(info) == 1 and 'version="' in info[0] and v[info[0]] == 1
+    assert abs(v["process_start_time_seconds"] - time.time()) < 60
+    assert v['rebound_client_connection_closes_total'
+             '{reason="client closed the connection"}'] == 0
+    assert v['rebound_client_connection_closes_total'
+             '{reason="rebound shutting down"}'] == 0
+    assert v['rebound_retry_passthrough_total'
+             '{reason="no policy for the queue"}'] == 0
+    upstream = rb.upstream.replace("amqp://", "").split("@")[-1].rstrip("/")
+    assert v['rebound_upstream_connect_failures_total{address="%s"}'
+             % upstream] == 0
 
 
 def test_v1_status_json(rebound_factory, broker):

@@ -9,7 +9,7 @@ a separate upstream connection per client connection (--retry-connection
 separate, the default), so only that publisher connection is blocked:
 the consumer's acks keep reaching the broker, the blocked state is shown
 (upstream_blocked / upstream_unblocked in the log, the
-rebound_upstream_blocked gauge and rebound_upstream_blocked_total,
+rebound_upstream_blocked gauge and rebound_upstream_blocks_total,
 "blocked" in /v1/status), and the copies held up by the alarm are neither
 timed out nor lost: they finish once it clears.
 
@@ -237,7 +237,7 @@ def test_acks_keep_flowing_under_a_memory_alarm(rebound_factory,
     rbtest.wait_until(lambda: metric(rb, "rebound_upstream_blocked") == 0,
                       10, "rebound_upstream_blocked back to 0")
     assert status(rb).get("blocked") == 0, status(rb)
-    assert metric(rb, "rebound_upstream_blocked_total") >= 1
+    assert metric(rb, "rebound_upstream_blocks_total") >= 1
 
     dconn.close()
     ch.queue_delete(q)

@@ -77,7 +77,7 @@ def test_connections_land_on_every_worker(rebound_factory, broker):
     m = metrics(rb.admin_port)
     # summed over the workers: no single worker accepted all 24
     assert m["rebound_client_connections"] == 24
-    assert m["rebound_client_connections_total"] == 24
+    assert m["rebound_client_connections_opened_total"] == 24
     assert m["rebound_workers"] == 3
     assert m["rebound_workers_running"] == 3
     assert m["rebound_workers_answered"] == 3
@@ -136,7 +136,7 @@ def test_a_killed_worker_is_started_again(rebound_factory, broker):
     conns = [rb.pika(broker) for _ in range(12)]
     per = sessions_by_worker(rb)
     assert per[1] >= 1, per
-    before = metrics(rb.admin_port)["rebound_client_connections_total"]
+    before = metrics(rb.admin_port)["rebound_client_connections_opened_total"]
     assert before == 12
     os.kill(first[1], signal.SIGKILL)
     rb.wait_log("worker_died", index=1, signal=int(signal.SIGKILL))
@@ -145,7 +145,7 @@ def test_a_killed_worker_is_started_again(rebound_factory, broker):
     m = metrics(rb.admin_port)
     if m["rebound_workers_running"] == 1:
         assert m["rebound_workers_answered"] == 1
-    assert m["rebound_client_connections_total"] == 12
+    assert m["rebound_client_connections_opened_total"] == 12
     assert m["rebound_client_connections"] == 12 - per[1]
     rbtest.wait_until(lambda: len(rb.log_lines("listening")) >= 3, 10,
                       "the new worker to listen")
@@ -155,7 +155,7 @@ def test_a_killed_worker_is_started_again(rebound_factory, broker):
     m = metrics(rb.admin_port)
     assert m["rebound_worker_restarts_total"] == 1
     assert m["rebound_workers_running"] == 2
-    assert m["rebound_client_connections_total"] == 12
+    assert m["rebound_client_connections_opened_total"] == 12
     for c in conns:
         try:
             c.close()
@@ -165,7 +165,7 @@ def test_a_killed_worker_is_started_again(rebound_factory, broker):
     for c in conns:
         assert round_trip(c, b"after") == b"after"
     assert sorted(sessions_by_worker(rb)) == [0, 1]
-    assert metrics(rb.admin_port)["rebound_client_connections_total"] == 20
+    assert metrics(rb.admin_port)["rebound_client_connections_opened_total"] == 20
     for c in conns:
         c.close()
 
