@@ -176,6 +176,14 @@ static int load_config(px_config *cfg, int *argc, char **argv) {
   px_log_set_format(cfg->log_format);
   if (check)
     return check_config(cfg);
+  int err_no = cfg->log_file[0] ? px_log_open_file(cfg->log_file) : 0;
+  if (err_no) {
+    fprintf(stderr,
+            "rebound: --log-file %s: %s (expected a file rebound can "
+            "create or append to)\n",
+            cfg->log_file, strerror(err_no));
+    return 2;
+  }
   if (cfg->workers > 1)
     px_log_set_worker((int)cfg->worker);
   if (cfg->worker == 0)

@@ -72,6 +72,7 @@ typedef struct px_config {
   uint64_t cache_per_connection;
   uint64_t cache_total;
   char config_path[1024]; /* the file read ("" for none) */
+  char log_file[1024];    /* --log-file ("": standard error) */
   /* each option's value as last given, and where it came from ("" and
    * PX_FROM_DEFAULT for an option without a default nobody set) */
   char shown[PX_CONFIG_MAX_OPTIONS][PX_CONFIG_SHOWN];
@@ -137,6 +138,9 @@ typedef struct px_config {
     "text", "text (logfmt) or json")                                           \
   X(log_level, "log-level", "REBOUND_LOG_LEVEL", "log_level", LOG_LEVEL,       \
     "info", "debug, info, warn or error")                                      \
+  X(log_file, "log-file", "REBOUND_LOG_FILE", "log_file", PATH, "",            \
+    "append the log to this file instead of standard error; SIGUSR1 "          \
+    "reopens it (after a rotation moved it)")                                  \
   X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT",                \
     "drain_timeout", DURATION0, "10s",                                         \
     "on SIGTERM/SIGINT, how long clients get to go")                           \

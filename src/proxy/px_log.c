@@ -1,12 +1,15 @@
 /* px_log.c - typed key/value log lines, escaped at one place (px_log.h). */
 #include "px_log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #define LINE_MAX_BYTES 8192
 /* Room kept at the end of a line for the closing bytes and the marker of
@@ -25,6 +28,15 @@ void px_log_set_worker(int w) {
 
 void px_log_set_format(px_log_format f) {
   format = f;
+}
+
+int px_log_open_file(const char *path) {
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0)
+    return errno;
+  int rc = dup2(fd, STDERR_FILENO) < 0 ? errno : 0;
+  close(fd);
+  return rc;
 }
 
 void px_log_set_level(px_log_level level) {

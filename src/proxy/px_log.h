@@ -74,6 +74,13 @@ typedef struct px_kv {
 
 void px_log_set_format(px_log_format format);
 
+/* Write the log to `path` (appended to, made 0640 if new) instead of
+ * standard error: the file becomes descriptor 2, so whatever else writes
+ * to standard error lands there too. Called again (SIGUSR1), it opens the
+ * path anew, for a rotation that moved the old file away. 0, or an errno
+ * value with the log where it was. */
+int px_log_open_file(const char *path);
+
 /* Set the lowest level written (default PX_LOG_INFO). */
 void px_log_set_level(px_log_level level);
 

@@ -346,9 +346,24 @@ void px_server_drain(px_server *srv, int signum) {
   stop_loop_if_done(srv);
 }
 
+/* SIGUSR1 reopens --log-file (each worker its own); without one, and for
+ * SIGUSR2, the signal is logged and ignored. */
 static void on_sigusr(uv_signal_t *sig, int signum) {
-  (void)sig;
-  signal_ignored(signum, "no action for this signal");
+  px_server *srv = sig->data;
+  const char *path = srv->cfg->log_file;
+  if (signum != SIGUSR1 || !path[0]) {
+    signal_ignored(signum, signum == SIGUSR1 ? "no --log-file to reopen"
+                                             : "no action for this signal");
+    return;
+  }
+  px_workers_signal(srv, signum);
+  int err = px_log_open_file(path);
+  if (err)
+    px_error("log_reopen_failed", PX_S("file", path),
+             PX_S("error", strerror(err)),
+             PX_S("action", "logging to the file open before"));
+  else
+    px_info("log_reopened", PX_S("file", path));
 }
 
 /* Whether `sa` can be bound by a socket without SO_REUSEPORT: with it, a
@@ -538,6 +553,29 @@ static void new_policies(px_server *srv) {
     qs->q[i].logged = 0;
 }
 
+/* The settings a reload cannot change: warned about, the running ones
+ * kept in `next`. */
+static void keep_restart_settings(const px_config *old, px_config *next) {
+  if (next->admin_on != old->admin_on ||
+      (next->admin_on && !same_addr(&next->admin, &old->admin))) {
+    px_warn("config_reload_admin_kept",
+            PX_S("note", "a new admin address takes a restart; the old one "
+                         "stays"));
+    next->admin_on = old->admin_on;
+    next->admin = old->admin;
+  }
+  if (next->workers != old->workers) {
+    px_warn("config_reload_workers_kept", PX_U("workers", old->workers),
+            PX_S("note", "a new number of workers takes a restart"));
+    next->workers = old->workers;
+  }
+  if (strcmp(next->log_file, old->log_file) != 0) {
+    px_warn("config_reload_log_file_kept", PX_S("log_file", old->log_file),
+            PX_S("note", "a new log file takes a restart"));
+    memcpy(next->log_file, old->log_file, sizeof next->log_file);
+  }
+}
+
 static void reload(px_server *srv) {
   char err[512];
   px_config *next = malloc(sizeof *next);
@@ -560,19 +598,7 @@ static void reload(px_server *srv) {
   reload_tls(srv, next);
   /* the upstream list may have changed: what failed lately is forgotten */
   memset(&srv->dial_memory, 0, sizeof srv->dial_memory);
-  if (next->admin_on != old->admin_on ||
-      (next->admin_on && !same_addr(&next->admin, &old->admin))) {
-    px_warn("config_reload_admin_kept",
-            PX_S("note", "a new admin address takes a restart; the old one "
-                         "stays"));
-    next->admin_on = old->admin_on;
-    next->admin = old->admin;
-  }
-  if (next->workers != old->workers) {
-    px_warn("config_reload_workers_kept", PX_U("workers", old->workers),
-            PX_S("note", "a new number of workers takes a restart"));
-    next->workers = old->workers;
-  }
+  keep_restart_settings(old, next);
   px_log_set_level(next->log_level);
   px_log_set_format(next->log_format);
   /* Nothing keeps a pointer into the old config but the retry_rule of a

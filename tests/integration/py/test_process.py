@@ -436,3 +436,57 @@ def test_an_admin_address_that_cannot_be_bound_stops_the_start(broker):
             p.wait(30)
     finally:
         taken.close()
+
+
+# ---- the log file ------------------------------------------------------------
+
+
+def test_log_file_is_reopened_on_sigusr1_by_every_worker(broker, tmp_path):
+    """--log-file takes the log off standard error; after a rotation moved
+    the file, SIGUSR1 makes every worker write to a new file at the path,
+    and nothing is lost or written to the old one after that."""
+    import pika
+    log, rotated = tmp_path / "rebound.log", tmp_path / "rebound.log.1"
+    port = rbtest.free_port()
+    stderr = open(tmp_path / "stderr", "w+")
+    proc = subprocess.Popen(
+        [rbtest.BIN, "--listen", "127.0.0.1:%d" % port, "--admin", "off",
+         "--upstream", broker.addr, "--workers", "2", "--log-file", str(log)],
+        stderr=stderr)
+    try:
+        rbtest.wait_until(lambda: log.exists() and log.read_text().count(
+            "msg=listening") >= 2, 20, "both workers listening")
+        os.rename(log, rotated)
+        proc.send_signal(signal.SIGUSR1)
+        rbtest.wait_until(lambda: log.exists() and log.read_text().count(
+            "msg=log_reopened") == 2, 10, "both workers reopen the log")
+        assert "worker=0" in log.read_text() and "worker=1" in log.read_text()
+        # sessions land on either worker: each logs to the new file only
+        for _ in range(6):
+            conn = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", port, credentials=pika.PlainCredentials(
+                    broker.user, broker.password)))
+            conn.close()
+        rbtest.wait_until(lambda: log.read_text().count("msg=session_close ")
+                          == 6, 10, "6 sessions logged in the new file")
+        assert "msg=session" not in rotated.read_text()
+        proc.send_signal(signal.SIGUSR2)
+        rbtest.wait_until(lambda: "msg=signal_ignored" in log.read_text(),
+                          10, "SIGUSR2 logged as ignored")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert "msg=exit" in log.read_text()
+    stderr.seek(0)
+    assert stderr.read() == ""
+
+
+def test_log_file_that_cannot_be_opened_stops_the_start(tmp_path):
+    bad = str(tmp_path / "no" / "such" / "dir" / "rebound.log")
+    p = subprocess.run([rbtest.BIN, "--listen", "127.0.0.1:%d" %
+                        rbtest.free_port(), "--admin", "off", "--log-file",
+                        bad], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2
+    assert bad in p.stderr and "No such file or directory" in p.stderr
+    assert "expected a file rebound can create or append to" in p.stderr
