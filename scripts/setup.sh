@@ -4,25 +4,33 @@
 #
 #   scripts/setup.sh            build + test + run dependencies
 #   scripts/setup.sh --run      only what building and running rebound needs
+#   scripts/setup.sh --build    only what building rebound (and its package)
+#                               needs
 set -euo pipefail
+mode=${1:-all}
 
 build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
             libyaml-dev node-llhttp)
 run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
-           valgrind haproxy chromium nodejs systemd groff-base)
+           valgrind haproxy chromium nodejs systemd groff-base mmdebstrap)
 
-pkgs=("${build_pkgs[@]}" "${run_pkgs[@]}")
-[ "${1:-}" = "--run" ] || pkgs+=("${test_pkgs[@]}")
+pkgs=("${build_pkgs[@]}")
+[ "$mode" = --build ] || pkgs+=("${run_pkgs[@]}")
+[ "$mode" != all ] || pkgs+=("${test_pkgs[@]}")
 # Debian's npm unless one is there (Node.js from elsewhere brings its own)
-[ "${1:-}" = "--run" ] || command -v npm >/dev/null || pkgs+=(npm)
+[ "$mode" != all ] || command -v npm >/dev/null || pkgs+=(npm)
+# kubectl renders the Kustomize overlays (Debian's kubernetes-client unless
+# a kubectl is there)
+[ "$mode" != all ] || command -v kubectl >/dev/null ||
+  pkgs+=(kubernetes-client)
 
 # The admin page's browser test drives Debian's chromium through
 # playwright-core (npm, pinned by tests/integration/web/package-lock.json;
 # no browser download).
 web_modules() {
-  [ "${1:-}" = "--run" ] && return 0
+  [ "$mode" != all ] && return 0
   local web
   web="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/web"
   [ -d "$web/node_modules/playwright-core" ] && return 0
