@@ -48,15 +48,11 @@ def test_sample_config(broker, tmp_path):
 
 
 def test_kubernetes_configmap_config(broker, tmp_path):
-    text = open(os.path.join(DEPLOY, "kubernetes", "sidecar.yaml")).read()
-    lines = text.split("rebound.yaml: |\n", 1)[1].splitlines()
-    block = []
-    for line in lines:
-        if line.startswith("    ") or not line.strip():
-            block.append(line[4:])
-        else:
-            break
-    path = tmp_path / "sidecar-rebound.yaml"
-    path.write_text("\n".join(block) + "\n")
-    status = run_with(str(path), broker, tmp_path)
+    """The ConfigMap both Kubernetes overlays mount: configMapGenerator
+    makes it from deploy/kubernetes/base/rebound.yaml as it is."""
+    base = os.path.join(DEPLOY, "kubernetes", "base")
+    kustomization = open(os.path.join(base, "kustomization.yaml")).read()
+    assert "files: [rebound.yaml]" in kustomization
+    status = run_with(os.path.join(base, "rebound.yaml"), broker, tmp_path)
     assert status["config"]["retry"]["policies"][0]["max_attempts"] == 4
+    assert status["config"]["drain_timeout_ms"] == 10000
