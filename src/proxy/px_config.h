@@ -58,6 +58,7 @@ typedef struct px_config {
   px_log_level log_level;
   px_log_format log_format;
   uint32_t drain_timeout_ms;
+  uint32_t drain_client_wait_ms; /* 0: clients are told at once */
   uint32_t handshake_timeout_ms;
   uint32_t connect_timeout_ms;
   uint32_t retry_finish_timeout_ms;
@@ -144,6 +145,11 @@ typedef struct px_config {
   X(drain_timeout_ms, "drain-timeout", "REBOUND_DRAIN_TIMEOUT",                \
     "drain_timeout", DURATION0, "10s",                                         \
     "on SIGTERM/SIGINT, how long clients get to go")                           \
+  X(drain_client_wait_ms, "drain-client-wait", "REBOUND_DRAIN_CLIENT_WAIT",    \
+    "drain_client_wait", DURATION0, "0",                                       \
+    "on SIGTERM/SIGINT, first wait this long for clients to close their "      \
+    "connections themselves (listeners closed, /readyz 503), then tell the "   \
+    "rest to go; the drain timeout starts after it")                           \
   X(handshake_timeout_ms, "handshake-timeout", "REBOUND_HANDSHAKE_TIMEOUT",    \
     "handshake_timeout", DURATION, "10s",                                      \
     "a connection not open by then is closed")                                 \

@@ -325,6 +325,27 @@ static void on_signal(uv_signal_t *sig, int signum) {
   px_server_drain(sig->data, signum);
 }
 
+/* Every session is told to go (connection.close 320); they get the drain
+ * timeout for it. */
+static void tell_sessions(px_server *srv) {
+  for (px_session *s = srv->sessions, *next; s; s = next) {
+    next = px_session_next(s); /* draining may unlink s */
+    px_session_drain(s);
+  }
+  uv_timer_start(&srv->drain_timer, on_drain_timeout,
+                 srv->cfg->drain_timeout_ms, 0);
+  stop_loop_if_done(srv);
+}
+
+/* --drain-client-wait is over with clients still connected. */
+static void on_client_wait_over(uv_timer_t *t) {
+  px_server *srv = t->data;
+  px_info("drain_client_wait_over",
+          PX_U("sessions_left", srv->stats.sessions_current),
+          PX_U("client_wait_ms", srv->cfg->drain_client_wait_ms));
+  tell_sessions(srv);
+}
+
 void px_server_drain(px_server *srv, int signum) {
   if (srv->draining) {
     signal_ignored(signum, "already draining");
@@ -334,16 +355,17 @@ void px_server_drain(px_server *srv, int signum) {
   px_workers_signal(srv, signum);
   px_info("shutdown", PX_I("signal", signum),
           PX_U("sessions", srv->stats.sessions_current),
+          PX_U("client_wait_ms", srv->cfg->drain_client_wait_ms),
           PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
   close_listener(&srv->listener);
   close_listener(&srv->tls_listener);
-  for (px_session *s = srv->sessions, *next; s; s = next) {
-    next = px_session_next(s); /* draining may unlink s */
-    px_session_drain(s);
+  if (srv->cfg->drain_client_wait_ms && srv->sessions) {
+    /* the clients' own shutdown first; the loop stops if all leave */
+    uv_timer_start(&srv->drain_timer, on_client_wait_over,
+                   srv->cfg->drain_client_wait_ms, 0);
+    return;
   }
-  uv_timer_start(&srv->drain_timer, on_drain_timeout,
-                 srv->cfg->drain_timeout_ms, 0);
-  stop_loop_if_done(srv);
+  tell_sessions(srv);
 }
 
 /* SIGUSR1 reopens --log-file (each worker its own); without one, and for

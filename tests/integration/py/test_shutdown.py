@@ -107,3 +107,59 @@ def test_other_signals_during_drain_are_logged_and_harmless(rebound_factory,
     c.close()
     assert rb.wait_exit(timeout=10) == 0
     assert not rb.sanitizer_report()
+
+
+def accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_drain_client_wait_lets_clients_close_first(rebound_factory, broker):
+    """--drain-client-wait: on SIGTERM the listener closes and /readyz
+    fails, but connected clients are not told to go; one that closes its
+    own connection (its work done, as an application stopping before its
+    sidecar) never sees a connection.close from rebound, and rebound exits
+    as soon as the last one has left."""
+    rb = rebound_factory("--drain-client-wait", "60s", "--drain-timeout",
+                         "60s")
+    clients = [a.RawClient(rb.port) for _ in range(2)]
+    for c in clients:
+        c.handshake(broker.user, broker.password, broker.vhost)
+        c.open_channel(1)
+    rb.signal(signal.SIGTERM)
+    rb.wait_log("shutdown", client_wait_ms=60000)
+    rbtest.wait_until(lambda: not accepts(rb.port), 10, "the listener to close")
+    for c in clients:
+        # the connection still works, and nothing from rebound is waiting
+        c.open_channel(2)
+        c.send(a.connection_close())
+        f = c.recv_method()
+        assert f.method == a.CONNECTION_CLOSE_OK, f
+        c.close()  # the client closes the socket after close-ok
+    assert rb.wait_exit(timeout=20) == 0
+    assert not rb.log_lines("drain_client_wait_over")
+    closes = rb.log_lines("session_close")
+    assert len(closes) == 2
+    assert all(x["reason"] == "client closed the connection" for x in closes)
+
+
+def test_drain_client_wait_then_the_rest_are_told(rebound_factory, broker):
+    """Clients still connected when --drain-client-wait is over get
+    connection.close 320, and the drain timeout runs from then."""
+    rb = rebound_factory("--drain-client-wait", "1s", "--drain-timeout",
+                         "30s")
+    c = a.RawClient(rb.port)
+    c.handshake(broker.user, broker.password, broker.vhost)
+    rb.signal(signal.SIGTERM)
+    code, text = c.expect_connection_close(timeout=20)[:2]
+    assert code == 320 and "rebound shutting down" in text
+    # the 320 comes after the wait, not with the signal
+    assert rb.log_lines("drain_client_wait_over", sessions_left=1)
+    c.send(a.connection_close_ok())
+    c.wait_eof(timeout=10)
+    c.close()
+    assert rb.wait_exit(timeout=20) == 0
+    assert not rb.log_lines("drain_timeout")
