@@ -74,10 +74,13 @@ security=${security:-http://deb.debian.org/debian-security}
 tmp=$tar.tmp
 rm -f "$tmp"
 echo "debian-rootfs.sh: mmdebstrap $suite from $mirror and $security" >&2
-# minbase: Essential packages and apt. Documentation, manuals and
-# translations are left out by dpkg, in this base and whatever is
-# installed on it later; copyright files stay.
+# minbase: Essential packages and apt. Merged /usr made as debootstrap
+# does (symlinks and usr-is-merged, not usrmerge and the perl it needs).
+# Documentation, manuals and translations are left out by dpkg, in this
+# base and whatever is installed on it later; copyright files stay.
+# shellcheck disable=SC2016 # $1 is the hook's argument: the new root
 mmdebstrap --variant=minbase --format=tar --components=main \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \

@@ -14,7 +14,8 @@ build_pkgs=(build-essential cmake pkg-config libuv1-dev libssl-dev
 run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
-           valgrind haproxy chromium nodejs systemd groff-base mmdebstrap)
+           valgrind haproxy chromium nodejs systemd groff-base mmdebstrap
+           podman runc)
 
 pkgs=("${build_pkgs[@]}")
 [ "$mode" = --build ] || pkgs+=("${run_pkgs[@]}")
