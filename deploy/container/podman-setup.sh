@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by deploy/container/build.sh and tests/deploy/test_container.sh:
 # make podman able to run containers on this machine, without touching the
 # host's podman configuration.
