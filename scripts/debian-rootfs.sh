@@ -71,6 +71,20 @@ mirror=${mirror:-http://deb.debian.org/debian}
 security=${REBOUND_CONTAINER_SECURITY_MIRROR:-$(mirror_for $suite-security)}
 security=${security:-http://deb.debian.org/debian-security}
 
+# Run "$@" with only standard input, output and error open. mmdebstrap
+# hands apt a pipe by its number to a dash hook, and dash takes only
+# descriptors 0-9: with our lock and whatever a test runner left open, the
+# pipe's number could be 10 or more, and the hook fails ("Bad fd number").
+only_std_fds() {
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done 2>/dev/null
+    exec "$@"
+  )
+}
+
 tmp=$tar.tmp
 rm -f "$tmp"
 echo "debian-rootfs.sh: mmdebstrap $suite from $mirror and $security" >&2
@@ -79,7 +93,7 @@ echo "debian-rootfs.sh: mmdebstrap $suite from $mirror and $security" >&2
 # Documentation, manuals and translations are left out by dpkg, in this
 # base and whatever is installed on it later; copyright files stay.
 # shellcheck disable=SC2016 # $1 is the hook's argument: the new root
-mmdebstrap --variant=minbase --format=tar --components=main \
+only_std_fds mmdebstrap --variant=minbase --format=tar --components=main \
   --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
