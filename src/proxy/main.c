@@ -1,6 +1,7 @@
 /* rebound - a transparent AMQP 0-9-1 proxy that turns requeues into
  * delayed, counted retries. */
 #include <errno.h>
+#include <fcntl.h>
 #include <llhttp.h>
 #include <openssl/opensslv.h>
 #include <signal.h>
@@ -63,8 +64,19 @@ static void raise_fd_limit(void) {
  * config now anyway). */
 static void early_signals(void) {
   signal(SIGPIPE, SIG_IGN);
+  /* a logrotate's SIGUSR1 before the loop's handler is in place */
+  signal(SIGUSR1, SIG_IGN);
+  signal(SIGUSR2, SIG_IGN);
   if (getenv("REBOUND_WORKER"))
     signal(SIGHUP, SIG_IGN);
+}
+
+/* Descriptors 0-2 open (on /dev/null where they were closed), so that no
+ * socket or log file of ours becomes one of them by chance. */
+static void standard_fds(void) {
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
+      return;
 }
 
 /* Take every `flag` out of argv; true if there was one. */
@@ -198,6 +210,7 @@ int main(int argc, char **argv) {
 
   if (!cfg)
     return 1;
+  standard_fds();
   early_signals();
   if (argc > 1 && strcmp(argv[1], "dlq") == 0) {
     free(cfg);

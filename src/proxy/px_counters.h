@@ -40,6 +40,12 @@ struct px_server;
     "TLS handshakes that failed, by side and OpenSSL's reason", "side",        \
     "reason", 0)
 
+/* The proxy's own reasons to pass a requeue through unchanged (the
+ * policy's are retry_plan.h's): label values of PX_M_PASSTHROUGH. */
+#define PX_PASS_REFUSED "tier or dead-letter queue refused"
+#define PX_PASS_NO_FIT "no copy fits frame-max"
+#define PX_PASS_UNTRACKED "channel not open or untracked"
+
 enum px_labelled_id {
 #define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,
   PX_LABELLED(PX__LABELLED_ENUM)

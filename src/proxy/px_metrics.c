@@ -312,6 +312,10 @@ void px_metrics_declare_known(px_server *srv) {
     px_metrics_declare(srv, PX_M_CLOSES, px_close_text(r), NULL);
   for (int r = RETRY_PASS_NONE + 1; r < RETRY_PASS_COUNT; r++)
     px_metrics_declare(srv, PX_M_PASSTHROUGH, retry_pass_reason_str(r), NULL);
+  const char *const own[] = {PX_PASS_REFUSED, PX_PASS_NO_FIT,
+                             PX_PASS_UNTRACKED};
+  for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+    px_metrics_declare(srv, PX_M_PASSTHROUGH, own[i], NULL);
   char addr[300];
   for (unsigned i = 0; i < cfg->n_upstreams; i++)
     px_metrics_declare(srv, PX_M_CONNECT_FAILURES,

@@ -14,7 +14,7 @@
 #include "px_admin.h"
 #include "px_metrics.h"
 
-enum rule { SUM, FIRST, MAX };
+enum rule { SUM, FIRST, MAX, MIN };
 
 typedef struct series {
   const char *key;
@@ -51,6 +51,9 @@ static const struct {
     {"process_start_time_seconds", FIRST},
     {"rebound_tls_certificate_expiry_seconds", FIRST},
     {"rebound_unsettled_oldest_seconds", MAX},
+    /* a descriptor limit is per process: the fullest one counts */
+    {"process_open_fds", MAX},
+    {"process_max_fds", MIN},
 };
 
 static enum rule rule_of(const char *key, size_t klen) {
@@ -136,10 +139,11 @@ static void add_value(series *s, const char *v, bool first) {
   }
   if (s->rule == FIRST)
     return;
-  if (s->rule == MAX) {
+  if (s->rule == MAX || s->rule == MIN) {
+    bool more = s->rule == MAX;
     s->integral = s->integral && whole;
-    s->u = u > s->u ? u : s->u;
-    s->d = d > s->d ? d : s->d;
+    s->u = (u > s->u) == more ? u : s->u;
+    s->d = (d > s->d) == more ? d : s->d;
     return;
   }
   s->integral = s->integral && whole;

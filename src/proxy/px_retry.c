@@ -877,9 +877,8 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return retry_pass_reason_str(plan.reason);
   }
   if (in_list(s->broken, s->nbroken, plan.target)) {
-    px_metrics_inc(s->srv, PX_M_PASSTHROUGH,
-                   "tier or dead-letter queue refused", NULL);
-    return "tier or dead-letter queue refused";
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, PX_PASS_REFUSED, NULL);
+    return PX_PASS_REFUSED;
   }
   if (must_park(s, plan.target)) {
     if (park(s, c, d, is_reject) != 0)
@@ -894,8 +893,8 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
   if (rc == COPY_TOO_LARGE) { /* its own headers exceed this frame-max */
-    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "no copy fits frame-max", NULL);
-    return "no copy fits frame-max";
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, PX_PASS_NO_FIT, NULL);
+    return PX_PASS_NO_FIT;
   }
   if (rc != 0)
     return "copy could not be built";
@@ -1168,8 +1167,7 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
     if (any)
-      px_metrics_inc(s->srv, PX_M_PASSTHROUGH, "channel not open or untracked",
-                     NULL);
+      px_metrics_inc(s->srv, PX_M_PASSTHROUGH, PX_PASS_UNTRACKED, NULL);
     count_requeued(s, c, from, to);
     px_track_settle(s, c, tag, multiple);
     return PX_FORWARD;

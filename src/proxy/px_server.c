@@ -188,7 +188,13 @@ static uint32_t connection_limit(const px_server *srv, const px_config *cfg,
 
 /* ---- shutdown ------------------------------------------------------------ */
 
+static void end_client_wait(px_server *srv, const char *why);
+
 static void stop_loop_if_done(px_server *srv) {
+  if (srv->client_wait && !srv->sessions && !px_workers_running(srv)) {
+    end_client_wait(srv, "no clients left"); /* comes back here */
+    return;
+  }
   if (srv->draining && !srv->sessions && !srv->dlq_list &&
       !px_workers_running(srv)) {
     px_server_stop(srv);
@@ -337,16 +343,27 @@ static void tell_sessions(px_server *srv) {
   stop_loop_if_done(srv);
 }
 
-/* --drain-client-wait is over with clients still connected. */
-static void on_client_wait_over(uv_timer_t *t) {
-  px_server *srv = t->data;
-  px_info("drain_client_wait_over",
+/* --drain-client-wait is over: its time is up, a second signal came, or
+ * every client (of every worker) has left. */
+static void end_client_wait(px_server *srv, const char *why) {
+  srv->client_wait = false;
+  uv_timer_stop(&srv->drain_timer);
+  px_info("drain_client_wait_over", PX_S("reason", why),
           PX_U("sessions_left", srv->stats.sessions_current),
           PX_U("client_wait_ms", srv->cfg->drain_client_wait_ms));
   tell_sessions(srv);
 }
 
+static void on_client_wait_over(uv_timer_t *t) {
+  end_client_wait(t->data, "timeout");
+}
+
 void px_server_drain(px_server *srv, int signum) {
+  if (srv->draining && srv->client_wait) { /* tell them now */
+    px_workers_signal(srv, signum);
+    end_client_wait(srv, "second signal");
+    return;
+  }
   if (srv->draining) {
     signal_ignored(signum, "already draining");
     return;
@@ -359,8 +376,10 @@ void px_server_drain(px_server *srv, int signum) {
           PX_U("drain_timeout_ms", srv->cfg->drain_timeout_ms));
   close_listener(&srv->listener);
   close_listener(&srv->tls_listener);
-  if (srv->cfg->drain_client_wait_ms && srv->sessions) {
-    /* the clients' own shutdown first; the loop stops if all leave */
+  if (srv->cfg->drain_client_wait_ms &&
+      (srv->sessions || px_workers_running(srv))) {
+    /* the clients' own shutdown first (the workers wait too) */
+    srv->client_wait = true;
     uv_timer_start(&srv->drain_timer, on_client_wait_over,
                    srv->cfg->drain_client_wait_ms, 0);
     return;

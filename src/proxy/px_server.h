@@ -130,6 +130,7 @@ typedef struct px_server {
    * end (px_server_start() sets it) */
   void (*dlq_op_done)(struct px_server *srv);
   bool draining;
+  bool client_wait;   /* draining, in --drain-client-wait: clients not told */
   bool drain_expired; /* the drain timeout has passed: waiting for the
                          workers, and PX_DLQ_STOP_MS for the operations */
   bool stopped;       /* px_server_stop has run */

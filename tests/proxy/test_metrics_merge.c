@@ -109,22 +109,29 @@ static void test_build_info_and_start_time_are_the_first_process(void **s) {
   const char *info = FAM("rebound_build_info", "gauge");
   const char *start = FAM("process_start_time_seconds", "gauge");
   const char *rss = FAM("process_resident_memory_bytes", "gauge");
-  char a[512], b[512];
+  const char *fds = FAM("process_open_fds", "gauge");
+  const char *max = FAM("process_max_fds", "gauge");
+  char a[1024], b[1024];
   snprintf(a, sizeof a,
            "%srebound_build_info{version=\"1\"} 1\n"
            "%sprocess_start_time_seconds 1700000000.25\n"
-           "%sprocess_resident_memory_bytes 100\n",
-           info, start, rss);
+           "%sprocess_resident_memory_bytes 100\n"
+           "%sprocess_open_fds 10\n%sprocess_max_fds 1024\n",
+           info, start, rss, fds, max);
   snprintf(b, sizeof b,
            "%srebound_build_info{version=\"1\"} 1\n"
            "%sprocess_start_time_seconds 1700000100.5\n"
-           "%sprocess_resident_memory_bytes 50\n",
-           info, start, rss);
+           "%sprocess_resident_memory_bytes 50\n"
+           "%sprocess_open_fds 20\n%sprocess_max_fds 512\n",
+           info, start, rss, fds, max);
   const char *t[] = {a, b};
   char *out = merged(t, 2);
   assert_non_null(strstr(out, "\nrebound_build_info{version=\"1\"} 1\n"));
   assert_non_null(strstr(out, "\nprocess_start_time_seconds 1700000000.25\n"));
   assert_non_null(strstr(out, "\nprocess_resident_memory_bytes 150\n"));
+  /* a descriptor limit is per process: the fullest worker shows */
+  assert_non_null(strstr(out, "\nprocess_open_fds 20\n"));
+  assert_non_null(strstr(out, "\nprocess_max_fds 512\n"));
   free(out);
 }
 

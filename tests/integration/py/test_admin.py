@@ -247,6 +247,8 @@ def test_metric_families_follow_the_conventions(rebound_factory):
              '{reason="rebound shutting down"}'] == 0
     assert v['rebound_retry_passthrough_total'
              '{reason="no policy for the queue"}'] == 0
+    assert v['rebound_retry_passthrough_total'
+             '{reason="no copy fits frame-max"}'] == 0
     upstream = rb.upstream.replace("amqp://", "").split("@")[-1].rstrip("/")
     assert v['rebound_upstream_connect_failures_total{address="%s"}'
              % upstream] == 0

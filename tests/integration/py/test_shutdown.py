@@ -140,7 +140,8 @@ def test_drain_client_wait_lets_clients_close_first(rebound_factory, broker):
         assert f.method == a.CONNECTION_CLOSE_OK, f
         c.close()  # the client closes the socket after close-ok
     assert rb.wait_exit(timeout=20) == 0
-    assert not rb.log_lines("drain_client_wait_over")
+    assert rb.log_lines("drain_client_wait_over", reason="no clients left",
+                        sessions_left=0)
     closes = rb.log_lines("session_close")
     assert len(closes) == 2
     assert all(x["reason"] == "client closed the connection" for x in closes)
@@ -163,3 +164,64 @@ def test_drain_client_wait_then_the_rest_are_told(rebound_factory, broker):
     c.close()
     assert rb.wait_exit(timeout=20) == 0
     assert not rb.log_lines("drain_timeout")
+
+
+def test_drain_client_wait_with_workers_kills_no_worker(rebound_factory,
+                                                       broker):
+    """With --workers, every worker waits for its clients, and worker 0
+    waits while the others do even when it has no client of its own: no
+    worker is killed at worker 0's drain timeout in the middle of its
+    wait."""
+    rb = rebound_factory("--workers", "2", "--drain-client-wait", "60s",
+                         "--drain-timeout", "1s")
+    rbtest.wait_until(lambda: len(rb.log_lines("listening")) >= 2, 20,
+                      "both workers listening")
+    clients = [a.RawClient(rb.port) for _ in range(12)]
+    for c in clients:
+        c.handshake(broker.user, broker.password, broker.vhost)
+        c.open_channel(1)
+    # worker 0 keeps no client: the case where it has nobody to wait for
+    worker_of = {}
+    for line in rb.log_lines("session_open"):
+        worker_of[int(line["peer"].rsplit(":", 1)[1])] = line["worker"]
+    on0 = [c for c in clients if worker_of[c.local_port] == "0"]
+    clients = [c for c in clients if worker_of[c.local_port] != "0"]
+    assert clients, "all 12 connections went to worker 0"
+    for c in on0:
+        c.send(a.connection_close())
+        assert c.recv_method().method == a.CONNECTION_CLOSE_OK
+        c.close()
+    rbtest.wait_until(lambda: len(rb.log_lines("session_close")) == len(on0),
+                      10, "worker 0's sessions to end")
+    rb.signal(signal.SIGTERM)
+    rbtest.wait_until(lambda: len(rb.log_lines("shutdown")) == 2, 10,
+                      "both workers draining")
+    # past worker 0's drain timeout and the 2 s it gives workers after it
+    time.sleep(4)
+    assert not rb.log_lines("worker_killed")
+    for c in clients:
+        c.open_channel(2)  # still served, nothing told
+        c.send(a.connection_close())
+        assert c.recv_method().method == a.CONNECTION_CLOSE_OK
+        c.close()
+    assert rb.wait_exit(timeout=20) == 0
+    assert not rb.log_lines("worker_killed")
+    assert not rb.log_lines("drain_timeout")
+
+
+def test_second_signal_ends_the_client_wait(rebound_factory, broker):
+    """A second SIGTERM during --drain-client-wait tells the clients now."""
+    rb = rebound_factory("--drain-client-wait", "10m", "--drain-timeout",
+                         "30s")
+    c = a.RawClient(rb.port)
+    c.handshake(broker.user, broker.password, broker.vhost)
+    rb.signal(signal.SIGTERM)
+    rb.wait_log("shutdown")
+    rb.signal(signal.SIGTERM)
+    code = c.expect_connection_close(timeout=20)[0]
+    assert code == 320
+    assert rb.log_lines("drain_client_wait_over", reason="second signal",
+                        sessions_left=1)
+    c.send(a.connection_close_ok())
+    c.close()
+    assert rb.wait_exit(timeout=20) == 0
