@@ -97,11 +97,14 @@ static void check_loaded(const px_config *c, const uint8_t *data, size_t size) {
     check_addr(&c->admin);
   check(c->log_level >= PX_LOG_DEBUG && c->log_level <= PX_LOG_ERROR);
   check(c->log_format == PX_LOG_TEXT || c->log_format == PX_LOG_JSON);
-  const uint32_t timeouts[] = {c->drain_timeout_ms, c->handshake_timeout_ms,
-                               c->retry_finish_timeout_ms,
-                               c->connect_timeout_ms};
-  for (int i = 0; i < 4; i++)
+  const uint32_t timeouts[] = {c->handshake_timeout_ms, c->connect_timeout_ms};
+  for (int i = 0; i < 2; i++)
     check(timeouts[i] >= 1 && timeouts[i] <= DELAY_MAX_MS);
+  /* these take 0: no wait */
+  const uint32_t waits[] = {c->drain_timeout_ms, c->retry_finish_timeout_ms,
+                            c->drain_client_wait_ms};
+  for (int i = 0; i < 3; i++)
+    check(waits[i] <= DELAY_MAX_MS);
   check(terminated(c->retry.header_prefix, sizeof c->retry.header_prefix));
   check(c->retry.rules == c->rules && c->retry.nrules <= PX_MAX_RULES);
   for (unsigned i = 0; i < c->retry.nrules; i++)
