@@ -42,8 +42,10 @@ done
 [ "$(dpkg-deb -f "$deb" Package)" = rebound-amqp ] || fail "package name"
 # Debian's "rebound" (another program) ships /usr/bin/rebound as well
 [ "$(dpkg-deb -f "$deb" Conflicts)" = rebound ] || fail "no Conflicts: rebound"
-dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles |
-  grep -qx /etc/rebound/rebound.yaml || fail "the config is not a conffile"
+conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
+for f in /etc/rebound/rebound.yaml /etc/logrotate.d/rebound; do
+  echo "$conffiles" | grep -qx "$f" || fail "$f is not a conffile"
+done
 
 tarball=$("$src/scripts/debian-rootfs.sh" "$cache")
 tar -xf "$tarball" -C "$root"
@@ -150,6 +152,24 @@ kill -TERM "$pid"
 wait "$pid" || fail "rebound exited $? on SIGTERM"
 pid=
 say "ran as rebound (uid $uid) with the packaged config; a message went through"
+
+# enabled on the first install (the link deb-systemd-helper makes offline)
+wants=$root/etc/systemd/system/multi-user.target.wants/rebound.service
+[ -L "$wants" ] || fail "the unit is not enabled after the first install"
+# what an administrator did survives a reinstall (an upgrade runs the same
+# scripts): a disable, a changed mode, a deleted config
+rm "$wants" # what `systemctl disable` does
+chmod 0755 "$root/etc/rebound"
+rm "$root/etc/rebound/rebound.yaml"
+in_root dpkg -i /tmp/rebound.deb >"$root/tmp/dpkg.log" 2>&1 ||
+  { cat "$root/tmp/dpkg.log"; fail "the reinstall failed"; }
+[ ! -e "$wants" ] || fail "the reinstall enabled the unit again"
+[ "$(perms /etc/rebound)" = "0:$gid 755" ] ||
+  fail "the reinstall reset /etc/rebound to $(perms /etc/rebound)"
+[ ! -e "$root/etc/rebound/rebound.yaml" ] ||
+  fail "the reinstall brought a deleted config back"
+say "a reinstall keeps the disable, the mode and the deleted config"
+printf 'listen: 127.0.0.1:5673\n' >"$root/etc/rebound/rebound.yaml"
 
 in_root dpkg -r rebound-amqp >/dev/null
 [ ! -e "$root/usr/bin/rebound" ] || fail "dpkg -r left /usr/bin/rebound"
