@@ -34,8 +34,6 @@ int px_log_open_file(const char *path) {
   int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
   if (fd < 0)
     return errno;
-  if (fd == STDERR_FILENO) /* standard error was closed: this is it now */
-    return fcntl(fd, F_SETFD, 0) < 0 ? errno : 0;
   int rc = dup2(fd, STDERR_FILENO) < 0 ? errno : 0;
   close(fd);
   return rc;

@@ -78,7 +78,9 @@ void px_log_set_format(px_log_format format);
  * standard error: the file becomes descriptor 2, so whatever else writes
  * to standard error lands there too. Called again (SIGUSR1), it opens the
  * path anew, for a rotation that moved the old file away. 0, or an errno
- * value with the log where it was. */
+ * value with the log where it was. Descriptors 0-2 must be open already
+ * (main() opens /dev/null on any that is closed), so the new descriptor is
+ * never 2 itself. */
 int px_log_open_file(const char *path);
 
 /* Set the lowest level written (default PX_LOG_INFO). */

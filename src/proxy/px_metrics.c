@@ -317,13 +317,13 @@ void px_metrics_declare_known(px_server *srv) {
   for (size_t i = 0; i < sizeof own / sizeof *own; i++)
     px_metrics_declare(srv, PX_M_PASSTHROUGH, own[i], NULL);
   char addr[300];
-  for (unsigned i = 0; i < cfg->n_upstreams; i++)
+  bool amqps = false;
+  for (unsigned i = 0; i < cfg->n_upstreams; i++) {
     px_metrics_declare(srv, PX_M_CONNECT_FAILURES,
                        px_addr_format(&cfg->upstream[i], addr, sizeof addr),
                        NULL);
-  bool amqps = false;
-  for (unsigned i = 0; i < cfg->n_upstreams; i++)
     amqps |= cfg->upstream[i].tls;
+  }
   if (cfg->tls.listen_on)
     px_metrics_declare(srv, PX_M_TLS_HANDSHAKES, "client", NULL);
   if (amqps)

@@ -242,11 +242,7 @@ broker_url=${REBOUND_TEST_BROKER}
 [[ $broker_url == amqp://* ]] || broker_url=amqp://guest:guest@$hostport/
 
 step "retry through the container (--network host, upstream $hostport)"
-read -r port admin < <("$PY" -c '
-import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
+read -r port admin < <("$PY" "$here/free_ports.py" 2)
 queue=rebound-ct-poison-$$-$RANDOM
 c2=rebound-test-retry-$$
 names+=("$c2")

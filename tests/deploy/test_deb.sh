@@ -105,12 +105,7 @@ if chroot --userspec=rebound:rebound "$root" /usr/bin/rebound --check \
   fail "--check accepted a broken file"
 fi
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
-}
-port=$(free_port)
-admin=$(free_port)
+read -r port admin < <(python3 "$src/tests/deploy/free_ports.py" 2)
 chroot --userspec=rebound:rebound "$root" /usr/bin/rebound \
   --config /etc/rebound/rebound.yaml --listen "127.0.0.1:$port" \
   --admin "127.0.0.1:$admin" --upstream "$broker" 2>"$root/tmp/rebound.log" &

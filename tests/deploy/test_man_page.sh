@@ -18,9 +18,10 @@ for word in $("$bin" --help | grep -oE -- '(--[a-z0-9-]+|REBOUND_[A-Z0-9_]+)' |
   sort -u); do
   echo "$text" | grep -qF -- "$word" || missing="$missing $word"
 done
-port=$(python3 -c 'import socket; s = socket.socket()
-s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$bin" --listen "127.0.0.1:$((port + 1))" --admin "127.0.0.1:$port" \
+ports=$(python3 "$(dirname "$0")/free_ports.py" 2)
+port=${ports% *}
+listen=${ports#* }
+"$bin" --listen "127.0.0.1:$listen" --admin "127.0.0.1:$port" \
   --upstream 127.0.0.1:1 >"$tmp/log" 2>&1 &
 pid=$!
 python3 - "$port" >"$tmp/metrics" <<'PY'
