@@ -62,9 +62,7 @@
   X(retry_connections_total, "rebound_retry_connections_opened_total",         \
     "counter", "Separate connections opened for retry copies")                 \
   X(retry_connection_failures, "rebound_retry_connection_failures_total",      \
-    "counter",                                                                 \
-    "Separate retry connections that could not log in (copies then go on "     \
-    "the client's connection)")                                                \
+    "counter", "Separate retry connections that could not log in")             \
   X(processing_timeouts, "rebound_processing_timeouts_total", "counter",       \
     "Deliveries unsettled past their policy's processing_timeout, copied "     \
     "and acked by rebound")                                                    \

@@ -242,6 +242,8 @@ int px_own_frame(px_session *s, const amqp_frame *f) {
 static void pub_ready(void *ctx) {
   px_session *s = ctx;
   s->pub_ready = true;
+  s->pub_was_up = true;
+  s->pub_misses = 0;
   s->srv->stats.retry_connections_total++;
   px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
            PX_S("upstream", px_session_upstream(s)),
@@ -271,8 +273,10 @@ static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
 }
 
 /* The retry connection failed or was closed. Never logged in: rebound's
- * channel goes on the client's connection. Lost later: it is opened again
- * after the backoff; copies in flight fall back meanwhile. */
+ * channel goes on the client's connection. Lost after it was up: it is
+ * dialled again after the backoff, the same after a failed login then,
+ * up to PX_PUB_MISSES_MAX in a row; copies in flight fall back and new
+ * requeues wait meanwhile. */
 static void pub_lost(void *ctx, const char *why, uint16_t code,
                      amqp_bytes text) {
   px_session *s = ctx;
@@ -288,19 +292,23 @@ static void pub_lost(void *ctx, const char *why, uint16_t code,
     s->hooks->own_lost(s, 0, text);
   s->hooks->blocked(s, false, amqp_cstr(""), "retry connection");
   if (!was_ready) {
-    s->pub_failed = true;
     s->srv->stats.retry_connection_failures++;
+    if (!s->pub_was_up || ++s->pub_misses >= PX_PUB_MISSES_MAX)
+      s->pub_failed = true;
   }
+  uint32_t delay = s->pub_failed ? 0 : own_backoff_ms(s);
   px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("upstream", px_session_upstream(s)), PX_S("error", why),
           PX_S("state", was), PX_B("text", text.ptr, text.len),
-          PX_S("action", was_ready ? "reconnect after a backoff"
-                                   : "copies go on the client's connection"));
+          PX_U("failed_logins", s->pub_misses),
+          PX_S("action", s->pub_failed ? "copies go on the client's connection"
+                                       : "reconnect after a backoff"),
+          PX_U("reconnect_ms", delay));
   if (px_life_is_open(s)) {
-    if (!was_ready)
+    if (s->pub_failed)
       px_own_open(s);
     else
-      s->hooks->reopen_at(s, uv_now(s->srv->loop) + own_backoff_ms(s));
+      s->hooks->reopen_at(s, uv_now(s->srv->loop) + delay);
   }
   release_own_waiters(s);
   s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */

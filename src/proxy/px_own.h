@@ -28,6 +28,12 @@
 #define PX_OWN_BACKOFF_MS 500
 #define PX_OWN_BACKOFF_MAX_MS 30000
 
+/* A retry connection that was logged in and is lost is dialled again on
+ * that backoff; after this many failed logins in a row rebound's channel
+ * goes on the client's connection for good (a changed password, a full
+ * connection limit). */
+#define PX_PUB_MISSES_MAX 4
+
 #define PX_OWN_STATES(X)                                                       \
   X(NONE, "none")                                                              \
   X(OPENING, "opening")                                                        \

@@ -210,11 +210,13 @@ typedef struct px_session {
   bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
   /* retry_connection separate (px_pub.h): rebound's channel on a
    * connection of its own, logged in as the client */
-  bool own_on_pub;  /* rebound's channel is (or is being) opened on pub */
-  bool pub_ready;   /* pub is logged in */
-  bool pub_failed;  /* logging in there failed: on the client's from now */
-  bool own_blocked; /* the broker blocks the connection of rebound's
-                       channel (resource alarm) */
+  bool own_on_pub;    /* rebound's channel is (or is being) opened on pub */
+  bool pub_ready;     /* pub is logged in */
+  bool pub_failed;    /* logging in there failed: on the client's from now */
+  bool pub_was_up;    /* pub logged in at least once */
+  uint8_t pub_misses; /* logins failed in a row since pub was last up */
+  bool own_blocked;   /* the broker blocks the connection of rebound's
+                         channel (resource alarm) */
   uint64_t blocked_since_ms;
   uint8_t *login_auth;  /* the client's start-ok mechanism, response and */
   uint8_t *login_vhost; /* locale, and open's vhost (login's views) */

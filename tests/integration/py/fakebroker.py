@@ -442,6 +442,8 @@ class FakeConn:
         if name == "connection.start-ok":
             self.client_props = args["props"]
             b = self.broker
+            if b.on_login and b.on_login(self):
+                return  # answered (or refused) by the test
             self.method(0, a.CONNECTION_TUNE, struct.pack(
                 ">HIH", b.channel_max, b.frame_max, b.heartbeat))
         elif name == "connection.tune-ok":
@@ -514,10 +516,12 @@ class FakeBroker:
     tag). `on_declare(conn, channel, args)` runs for each queue.declare
     first; if it returns true it has answered it (e.g. closed the
     channel) and the usual declare-ok is not sent. `on_get` does the same
-    for basic.get (default: get-empty)."""
+    for basic.get (default: get-empty), and `on_login(conn)` for
+    connection.start-ok (conn.client_props is set; default: tune)."""
 
     def __init__(self, channel_max=2047, frame_max=131072, heartbeat=0,
-                 confirm=True, on_consume=None, on_declare=None, on_get=None):
+                 confirm=True, on_consume=None, on_declare=None, on_get=None,
+                 on_login=None):
         self.channel_max = channel_max
         self.frame_max = frame_max
         self.heartbeat = heartbeat
@@ -525,6 +529,7 @@ class FakeBroker:
         self.on_consume = on_consume
         self.on_declare = on_declare
         self.on_get = on_get
+        self.on_login = on_login
         self.conns = []
         self.cond = threading.Condition()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -7,6 +7,7 @@ import time
 
 import amqp_raw as a
 import fakebroker as fb
+from rbtest import wait_until
 from test_hardening_upstream import fake
 
 assert fake  # a fixture
@@ -88,4 +89,76 @@ def test_two_copies_returned_are_each_republished_once(rebound_factory, fake):
     assert not rb.log_lines("retry_fallback")
     time.sleep(0.3)
     assert len(pub.published()) == 4  # once each, no more
+    c.close()
+
+
+def refusing_logins(times):
+    """An on_login hook and its switch: once switched on, the next `times`
+    logins of a retry connection are refused with 403 (a node still
+    starting, a connection limit). Returns (hook, switch, refused)."""
+    refused = []
+    armed = []
+
+    def on_login(conn):
+        if (armed and b"rebound retries for" in conn.client_props
+                and len(refused) < times):
+            refused.append(conn)
+            conn.send(a.connection_close(403, "ACCESS_REFUSED - not now",
+                                         10, 11))
+            return True
+        return False
+
+    return on_login, lambda: armed.append(True), refused
+
+
+def test_a_refused_reconnect_backs_off_and_stays_separate(rebound_factory,
+                                                         fake):
+    """The retry connection drops and the broker refuses the next two
+    logins of one: rebound dials again after a backoff, and the copy of a
+    failure made after the first refusal, which waited meanwhile (less than its tier's delay, after which
+    it would be requeued plainly) goes on a third retry connection, never
+    on the client's."""
+    on_login, arm, refused = refusing_logins(2)
+    broker = fake(on_login=on_login)
+    rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
+    c, main, pub = consumer(rb, broker, 1)
+    arm()
+    pub.sock.shutdown(socket.SHUT_RDWR)
+    wait_until(lambda: refused, 10, "a refused login")
+    c.send(fb.basic_nack(1, 1, requeue=True))
+    main.wait(lambda: main.find("basic.ack", tag=1), 15,
+              "the original acked once its copy is confirmed")
+    conns = retry_conns(broker)
+    assert len(refused) == 2 and len(conns) == 4, conns
+    assert [m.routing_key for m in conns[3].published()] == ["work.retry.10s"]
+    assert not main.published(), "a copy went on the client's connection"
+    lost = rb.log_lines("retry_connection_lost")
+    assert [x["action"] for x in lost] == ["reconnect after a backoff"] * 3
+    assert [int(x["reconnect_ms"]) for x in lost] == [0, 500, 1000], lost
+    c.close()
+
+
+def test_refused_reconnects_end_on_the_clients_connection(rebound_factory,
+                                                          fake):
+    """Every new login of a retry connection is refused (a changed
+    password): after four in a row rebound's channel goes on the client's
+    connection, and a failure waiting meanwhile gets its counted retry
+    there."""
+    on_login, arm, refused = refusing_logins(1000)
+    broker = fake(on_login=on_login)
+    rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
+    c, main, pub = consumer(rb, broker, 1)
+    arm()
+    pub.sock.shutdown(socket.SHUT_RDWR)
+    c.send(fb.basic_nack(1, 1, requeue=True))
+    main.wait(lambda: main.find("basic.ack", tag=1), 20,
+              "the original acked once its copy is confirmed")
+    assert [m.routing_key for m in main.published()] == ["work.retry.10s"]
+    assert len(refused) == 4, refused
+    lost = rb.log_lines("retry_connection_lost")
+    assert [x["action"] for x in lost] == (
+        ["reconnect after a backoff"] * 4
+        + ["copies go on the client's connection"]), lost
+    time.sleep(1)
+    assert len(retry_conns(broker)) == 5  # no dialling after giving up
     c.close()
