@@ -282,9 +282,11 @@ static void on_probe_timer(uv_timer_t *t) {
                srv->tls_upstream, probe_result, srv);
 }
 
+/* Stuck deliveries and processing timeouts, also while --drain-client-wait
+ * lets the clients work on; not once they are told to go. */
 static void on_janitor(uv_timer_t *t) {
   px_server *srv = t->data;
-  if (srv->draining || srv->stopped)
+  if ((srv->draining && !srv->client_wait) || srv->stopped)
     return;
   px_view_check(srv);
   for (px_session *s = srv->sessions, *next; s; s = next) {

@@ -5,9 +5,9 @@ attempt: its copy goes through the tier to another consumer with count 1,
 rebound acks the original, and the first consumer's late ack (or nack) is
 swallowed, counted, without closing its channel."""
 import json
+import signal
 import time
 
-import pika
 
 import rbtest
 from retryhelp import count_of, direct, dlq, pump, wait_counts
@@ -76,6 +76,32 @@ def test_timed_out_delivery_goes_elsewhere_late_ack_swallowed(
     assert entry["policy"]["processing_timeout"] == "1s"
     a.conn.close()
     b.conn.close()
+
+
+def test_processing_timeout_during_the_drain_client_wait(
+        rebound_factory, broker, ctl, direct):
+    """After SIGTERM, while --drain-client-wait lets the clients work on, a
+    delivery held past its processing_timeout still times out: its copy
+    goes through the tier back to the queue with count 1, and rebound acks
+    the original."""
+    q = direct.own(rbtest.uniq("stuckw"))
+    direct.own(dlq(q))
+    rb = timeout_rebound(rebound_factory, q, "--processing-timeout", "1s",
+                         "--drain-client-wait", "60s")
+    a = Holder(rb, broker, q)
+    a.ch.basic_publish("", q, b"slow")
+    a.wait(1)
+    a.ch.basic_cancel(a.tag)  # so the copy stays in the queue
+    rb.signal(signal.SIGTERM)
+    rb.wait_log("shutdown", client_wait_ms=60000)
+    line = rb.wait_log("processing_timeout")
+    assert line["queue"] == q and line["target"] == q + ".retry.200ms"
+    wait_counts(ctl, {q: (1, 0)})  # the original acked, the copy back
+    (m, props, body), = direct.get_all(q)
+    assert body == b"slow" and count_of(props) == 1, props.headers
+    assert not rb.log_lines("drain_client_wait_over")
+    a.conn.close()
+    assert rb.wait_exit(timeout=20) == 0
 
 
 def test_multiple_ack_over_timed_out_deliveries(rebound_factory, broker, ctl,
