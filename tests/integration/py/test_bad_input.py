@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-from pika.exceptions import AMQPConnectionError
 
 import amqp_raw as a
 import rbtest
@@ -219,7 +218,6 @@ def test_all_upstreams_unreachable(rebound_factory, broker):
     (rebound's own handshake, then connection.close 320 with the reason,
     as a broker that goes down closes its clients), not left with a bare
     EOF; the log names every try."""
-    import pika
     rb = rebound_factory(upstream="127.0.0.1:1,127.0.0.1:2")
     t0 = time.monotonic()
     c = a.RawClient(rb.port)

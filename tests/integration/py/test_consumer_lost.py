@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pika
 import pytest
 
 import rbtest

@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import rbtest
 from test_admin import get

@@ -6,8 +6,6 @@ import socket
 import subprocess
 import time
 
-import pika
-
 import rbtest
 
 TIMEOUT_S = 1.0

@@ -10,7 +10,6 @@ import time
 
 import amqp_raw as a
 import fakebroker as fb
-import rbtest
 from test_hardening_upstream import consume, fake
 from test_retry_never_loops import admin_rebound, metric
 

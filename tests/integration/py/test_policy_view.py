@@ -6,8 +6,6 @@ no-ack and one whose requeues all went to the broker are flagged there and
 in /v1/status, and logged once after --policy-check-after."""
 import json
 
-import pika
-
 import rbtest
 from retryhelp import PoisonConsumer, direct, dlq, pump, wait_counts
 from test_admin import admin_rebound, get

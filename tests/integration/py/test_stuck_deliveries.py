@@ -8,7 +8,6 @@ import json
 import signal
 import time
 
-
 import rbtest
 from retryhelp import count_of, direct, dlq, pump, wait_counts
 from test_admin import admin_rebound, get, metrics
