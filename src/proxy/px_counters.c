@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "px_server.h"
+#include "retry_policy.h"
 
 /* Upper bounds of the histogram buckets, microseconds. */
 const uint64_t px_hist_bucket_us[PX_HIST_BUCKETS] = {
@@ -68,8 +69,34 @@ void px_metrics_declare(px_server *srv, int id, const char *v1,
   add(srv, id, v1, v2, 0);
 }
 
+/* The series a labelled queue's retries can land in, at 0. */
+static void declare_queue(px_server *srv, const char *queue) {
+  const retry_rule *rule = retry_match(&srv->cfg->retry, queue, strlen(queue));
+  char tier[32];
+  if (!rule)
+    return;
+  for (unsigned i = 0; i < rule->ntiers; i++)
+    if (retry_delay_format(rule->tiers_ms[i], tier, sizeof tier) >= 0)
+      px_metrics_declare(srv, PX_M_RETRIES, queue, tier);
+  px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_MAX_ATTEMPTS);
+  px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_CONSUMER_LOST);
+  px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_FRAME_MAX);
+  if (rule->processing_timeout_ms)
+    px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_TIMEOUT);
+}
+
 int px_metrics_queue(px_server *srv, const char *queue) {
-  return queue_slot(srv, queue);
+  uint32_t before = srv->metrics.queues.n;
+  int slot = queue_slot(srv, queue);
+  if ((uint32_t)slot == before && slot < PX_METRICS_MAX_QUEUES)
+    declare_queue(srv, queue);
+  return slot;
+}
+
+void px_metrics_declare_queues(px_server *srv) {
+  const px_queues *qs = &srv->metrics.queues;
+  for (uint32_t i = 0; i < qs->n && i < PX_METRICS_MAX_QUEUES; i++)
+    declare_queue(srv, qs->q[i].name);
 }
 
 const char *px_metrics_queue_label(px_server *srv, int slot) {

@@ -5,6 +5,8 @@
  *
  * Label values that come from queue names are capped at
  * PX_METRICS_MAX_QUEUES distinct queues; the rest count under "other".
+ * A queue's retry series exist at 0 from when the broker first shows it:
+ * one per tier of its policy and per dead-letter reason it can give.
  */
 #ifndef PX_COUNTERS_H
 #define PX_COUNTERS_H
@@ -46,6 +48,13 @@ struct px_server;
 #define PX_PASS_NO_FIT "no copy fits frame-max"
 #define PX_PASS_UNTRACKED "channel not open or untracked"
 
+/* Why a copy went to the dead-letter queue: label values of
+ * PX_M_DEAD_LETTERED. */
+#define PX_DEAD_MAX_ATTEMPTS "max-attempts"
+#define PX_DEAD_CONSUMER_LOST "consumer-lost"
+#define PX_DEAD_TIMEOUT "processing-timeout"
+#define PX_DEAD_FRAME_MAX "frame-max" /* too large for its tier */
+
 enum px_labelled_id {
 #define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,
   PX_LABELLED(PX__LABELLED_ENUM)
@@ -69,8 +78,13 @@ enum px_hist_id { PX_H_RETRY, PX_H_CONFIRM, PX_H_PROCESSING };
  * first PX_METRICS_MAX_QUEUES, its metrics label (the rest are "other").
  * Stable for the process's life. A slot is taken for good, so call this
  * only for a queue the broker has shown to exist (a consume-ok, a
- * delivery, a get-ok), never for a name a client merely sent. */
+ * delivery, a get-ok), never for a name a client merely sent. A new slot
+ * with a policy gets its retry series at 0. */
 int px_metrics_queue(struct px_server *srv, const char *queue);
+
+/* Every labelled queue's retry series at 0 for the policy now in force
+ * (after a reload). */
+void px_metrics_declare_queues(struct px_server *srv);
 
 /* Count one event of px_queues.h's PX_QUEUE_COUNTS for a queue slot (a
  * negative slot: not registered, nothing counted). */

@@ -322,6 +322,7 @@ void px_metrics_declare_known(px_server *srv) {
                        NULL);
     amqps |= cfg->upstream[i].tls;
   }
+  px_metrics_declare_queues(srv);
   if (cfg->tls.listen_on)
     px_metrics_declare(srv, PX_M_TLS_HANDSHAKES, "client", NULL);
   if (amqps)

@@ -537,7 +537,7 @@ static int dead_letter_oversize(px_session *s, px_chan *c, px_delivery *d,
   px_warn("retry_copy_too_large", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", q), PX_U("frame_max", s->frame_max),
           PX_S("action", "dead-lettered"), PX_S("target", plan.target));
-  return start_copy(s, c, d, h, &plan, is_reject, "frame-max", masks);
+  return start_copy(s, c, d, h, &plan, is_reject, PX_DEAD_FRAME_MAX, masks);
 }
 
 /* The delivery's policy under the running config: a rule matched under an
@@ -848,9 +848,9 @@ static uint32_t jitter_draw(void) {
 
 /* Why the delivery failed, for a dead-letter copy's reason. */
 static const char *failure_reason(const px_delivery *d) {
-  return d->flags & PX_DLF_LOST         ? "consumer-lost"
-         : d->flags & PX_DLF_TIMING_OUT ? "processing-timeout"
-                                        : "max-attempts";
+  return d->flags & PX_DLF_LOST         ? PX_DEAD_CONSUMER_LOST
+         : d->flags & PX_DLF_TIMING_OUT ? PX_DEAD_TIMEOUT
+                                        : PX_DEAD_MAX_ATTEMPTS;
 }
 
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on

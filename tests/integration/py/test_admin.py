@@ -88,6 +88,61 @@ def test_readyz_reports_unreachable_upstream(rebound_factory):
     assert metrics(rb.admin_port)["rebound_ready"] == 0
 
 
+ZERO_POLICY = """retry:
+  policies:
+    - queues: ["%s"]
+      tiers: [%s]
+      processing_timeout: %s
+"""
+
+
+def queue_series(v, family, q):
+    return {k: n for k, n in v.items()
+            if k.startswith('%s{queue="%s"' % (family, q))}
+
+
+def test_a_queues_retry_series_exist_at_zero_once_seen(rebound_factory,
+                                                       broker, tmp_path):
+    """Once the broker shows a queue with a policy (its consume-ok), its
+    retry counters exist at 0 before any failure: one series per tier and
+    per dead-letter reason the policy can give. A queue without a policy
+    gets none. A reload that adds a tier and a processing timeout adds
+    their series."""
+    q, other = rbtest.uniq("admin-zero"), rbtest.uniq("admin-nopolicy")
+    cfg = tmp_path / "rebound.yaml"
+    cfg.write_text(ZERO_POLICY % (q, "100ms, 2s", "off"))
+    rb = admin_rebound(rebound_factory, "--config", str(cfg))
+    conn = rb.pika(broker)
+    ch = conn.channel()
+    for name in (q, other):
+        ch.queue_declare(name, auto_delete=True)
+        ch.basic_consume(name, lambda *_: None)
+    retries = "rebound_retries_published_total"
+    dead = "rebound_dead_lettered_total"
+
+    def r(tier):
+        return '%s{queue="%s",tier="%s"}' % (retries, q, tier)
+
+    def d(reason):
+        return '%s{queue="%s",reason="%s"}' % (dead, q, reason)
+
+    v = metrics(rb.admin_port)
+    assert queue_series(v, retries, q) == {r("100ms"): 0, r("2s"): 0}
+    assert queue_series(v, dead, q) == {
+        d("max-attempts"): 0, d("consumer-lost"): 0, d("frame-max"): 0}
+    assert not queue_series(v, retries, other)
+    assert not queue_series(v, dead, other)
+    cfg.write_text(ZERO_POLICY % (q, "100ms, 2s, 5s", "1m"))
+    rb.signal(signal.SIGHUP)
+    rb.wait_log("config_reloaded", generation="1")
+    v = metrics(rb.admin_port)
+    assert queue_series(v, retries, q) == {r("100ms"): 0, r("2s"): 0,
+                                           r("5s"): 0}
+    assert v[d("processing-timeout")] == 0
+    assert not queue_series(v, retries, other)
+    conn.close()
+
+
 def test_metrics_after_one_poison_message(rebound_factory, broker):
     """max_attempts 4: exactly 3 retries (one per tier) and 1 dead-letter."""
     rb = admin_rebound(rebound_factory, "--retry-tiers", "100ms,200ms,300ms",
