@@ -42,6 +42,17 @@ done
 [ "$(dpkg-deb -f "$deb" Package)" = rebound-amqp ] || fail "package name"
 # Debian's "rebound" (another program) ships /usr/bin/rebound as well
 [ "$(dpkg-deb -f "$deb" Conflicts)" = rebound ] || fail "no Conflicts: rebound"
+# Debian's layout: documents under the package's name, a changelog, the
+# man page compressed (and both as gzip -9n makes them: no name, no time)
+files=$(dpkg-deb -c "$deb" | awk '{print $6}')
+for f in ./usr/share/doc/rebound-amqp/changelog.gz \
+  ./usr/share/man/man8/rebound.8.gz ./usr/share/doc/rebound-amqp/README.md; do
+  echo "$files" | grep -qx -- "$f" || fail "the package lacks $f"
+done
+changelog=$(dpkg-deb --fsys-tarfile "$deb" |
+  tar -xO ./usr/share/doc/rebound-amqp/changelog.gz | gzip -dc)
+case $changelog in "rebound-amqp ($(dpkg-deb -f "$deb" Version)) "*) ;;
+  *) fail "the changelog does not open with this version: $changelog" ;; esac
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 for f in /etc/rebound/rebound.yaml /etc/logrotate.d/rebound; do
   echo "$conffiles" | grep -qx "$f" || fail "$f is not a conffile"
