@@ -92,10 +92,12 @@ def test_two_copies_returned_are_each_republished_once(rebound_factory, fake):
     c.close()
 
 
-def refusing_logins(times):
-    """An on_login hook and its switch: once switched on, the next `times`
-    logins of a retry connection are refused with 403 (a node still
-    starting, a connection limit). Returns (hook, switch, refused)."""
+def lose_with_refusals(rebound_factory, fake, times):
+    """A consumer through rebound (tier 10s) whose retry connection drops,
+    after which the fake broker refuses the next `times` logins of one
+    with 403 (a node still starting, a changed password). Returns (client,
+    the client's upstream connection, the refused connections, rebound,
+    the fake broker)."""
     refused = []
     armed = []
 
@@ -108,22 +110,22 @@ def refusing_logins(times):
             return True
         return False
 
-    return on_login, lambda: armed.append(True), refused
+    broker = fake(on_login=on_login)
+    rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
+    c, main, pub = consumer(rb, broker, 1)
+    armed.append(True)
+    pub.sock.shutdown(socket.SHUT_RDWR)
+    return c, main, refused, rb, broker
 
 
 def test_a_refused_reconnect_backs_off_and_stays_separate(rebound_factory,
                                                          fake):
     """The retry connection drops and the broker refuses the next two
     logins of one: rebound dials again after a backoff, and the copy of a
-    failure made after the first refusal, which waited meanwhile (less than its tier's delay, after which
-    it would be requeued plainly) goes on a third retry connection, never
-    on the client's."""
-    on_login, arm, refused = refusing_logins(2)
-    broker = fake(on_login=on_login)
-    rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
-    c, main, pub = consumer(rb, broker, 1)
-    arm()
-    pub.sock.shutdown(socket.SHUT_RDWR)
+    failure made after the first refusal, which waited meanwhile (less
+    than its tier's delay, after which it would be requeued plainly), goes
+    on a third retry connection, never on the client's."""
+    c, main, refused, rb, broker = lose_with_refusals(rebound_factory, fake, 2)
     wait_until(lambda: refused, 10, "a refused login")
     c.send(fb.basic_nack(1, 1, requeue=True))
     main.wait(lambda: main.find("basic.ack", tag=1), 15,
@@ -144,12 +146,7 @@ def test_refused_reconnects_end_on_the_clients_connection(rebound_factory,
     password): after four in a row rebound's channel goes on the client's
     connection, and a failure waiting meanwhile gets its counted retry
     there."""
-    on_login, arm, refused = refusing_logins(1000)
-    broker = fake(on_login=on_login)
-    rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
-    c, main, pub = consumer(rb, broker, 1)
-    arm()
-    pub.sock.shutdown(socket.SHUT_RDWR)
+    c, main, refused, rb, broker = lose_with_refusals(rebound_factory, fake, 1000)
     c.send(fb.basic_nack(1, 1, requeue=True))
     main.wait(lambda: main.find("basic.ack", tag=1), 20,
               "the original acked once its copy is confirmed")
