@@ -56,12 +56,21 @@ def wait_until(pred, timeout, what, interval=0.05):
         time.sleep(interval)
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port(host="127.0.0.1"):
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port free now, never one this process was given before: the kernel
+    hands a just-closed port out again, and a test often asks for two (the
+    listener and the admin) before rebound binds either."""
+    while True:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def raise_nofile():
