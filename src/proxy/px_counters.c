@@ -19,6 +19,12 @@ const px_counter_family px_counter_families[] = {
 #undef PX__FAMILY
 };
 
+const char *const px_why_text[PX_WHY_COUNT] = {
+#define PX__WHY_TEXT(id, text) text,
+    PX_COPY_FAILURES(PX__WHY_TEXT) PX_NO_COPY(PX__WHY_TEXT)
+#undef PX__WHY_TEXT
+};
+
 static int queue_slot(px_server *srv, const char *q) {
   return px_queues_slot(&srv->metrics.queues, q, srv->cfg_gen + 1);
 }

@@ -48,6 +48,43 @@ struct px_server;
 #define PX_PASS_NO_FIT "no copy fits frame-max"
 #define PX_PASS_UNTRACKED "channel not open or untracked"
 
+/* Why a copy failed once it was published: label values of PX_M_FALLBACKS
+ * and of PX_M_DELAYED (the client's requeue, held for its delay).
+ * X(id, text) */
+#define PX_COPY_FAILURES(X)                                                    \
+  X(NACKED, "nacked by the broker")                                            \
+  X(CHANNEL_LOST, "rebound's channel was closed")                              \
+  X(DISCARDED, "rebound's channel was closed before the copy")                 \
+  X(CONFIRM_TIMEOUT, "confirm timeout")                                        \
+  X(RETURNED, "returned by the broker (unroutable)")
+
+/* Why no copy was started (besides the pass-through reasons, the policy's
+ * and PX_PASS_*): label values of PX_M_DELAYED. X(id, text) */
+#define PX_NO_COPY(X)                                                          \
+  X(NOT_KEPT, "delivery not kept")                                             \
+  X(BAD_HEADER, "content header does not decode")                              \
+  X(NOT_BUILT, "copy could not be built")                                      \
+  X(IN_TX, "in a transaction")                                                 \
+  X(BLOCKED, "broker blocks publishing")                                       \
+  X(OWN_NOT_READY, "rebound's channel not ready")
+
+/* The copy failures come first: PX_WHY_NACKED .. PX_WHY_FAILURES - 1. */
+enum px_why {
+#define PX__WHY_ENUM(id, text) PX_WHY_##id,
+  PX_COPY_FAILURES(PX__WHY_ENUM) PX_NO_COPY(PX__WHY_ENUM)
+#undef PX__WHY_ENUM
+      PX_WHY_COUNT
+};
+enum {
+#define PX__WHY_COUNT(id, text) PX__WHY_FAILURE_##id,
+  PX_COPY_FAILURES(PX__WHY_COUNT)
+#undef PX__WHY_COUNT
+      PX_WHY_FAILURES
+};
+
+/* The texts of enum px_why. The retry code compares these pointers. */
+extern const char *const px_why_text[PX_WHY_COUNT];
+
 /* Why a copy went to the dead-letter queue: label values of
  * PX_M_DEAD_LETTERED. */
 #define PX_DEAD_MAX_ATTEMPTS "max-attempts"

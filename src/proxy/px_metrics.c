@@ -304,16 +304,33 @@ static void render_admin(px_server *srv, px_admin_response *r) {
   }
 }
 
+/* The reasons a requeue passes through: the policy's and the proxy's. */
+static void declare_pass_reasons(px_server *srv, int id) {
+  for (int r = RETRY_PASS_NONE + 1; r < RETRY_PASS_COUNT; r++)
+    px_metrics_declare(srv, id, retry_pass_reason_str(r), NULL);
+  const char *const own[] = {PX_PASS_REFUSED, PX_PASS_NO_FIT,
+                             PX_PASS_UNTRACKED};
+  for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+    px_metrics_declare(srv, id, own[i], NULL);
+}
+
+/* Fallbacks by how the copy failed; held requeues by any reason no
+ * retry was made. */
+static void declare_retry_reasons(px_server *srv) {
+  declare_pass_reasons(srv, PX_M_PASSTHROUGH);
+  declare_pass_reasons(srv, PX_M_DELAYED);
+  for (int w = 0; w < PX_WHY_COUNT; w++) {
+    if (w < PX_WHY_FAILURES)
+      px_metrics_declare(srv, PX_M_FALLBACKS, px_why_text[w], NULL);
+    px_metrics_declare(srv, PX_M_DELAYED, px_why_text[w], NULL);
+  }
+}
+
 void px_metrics_declare_known(px_server *srv) {
   const px_config *cfg = srv->cfg;
   for (int r = PX_CR_NONE + 1; r < PX_CR_COUNT; r++)
     px_metrics_declare(srv, PX_M_CLOSES, px_close_text(r), NULL);
-  for (int r = RETRY_PASS_NONE + 1; r < RETRY_PASS_COUNT; r++)
-    px_metrics_declare(srv, PX_M_PASSTHROUGH, retry_pass_reason_str(r), NULL);
-  const char *const own[] = {PX_PASS_REFUSED, PX_PASS_NO_FIT,
-                             PX_PASS_UNTRACKED};
-  for (size_t i = 0; i < sizeof own / sizeof *own; i++)
-    px_metrics_declare(srv, PX_M_PASSTHROUGH, own[i], NULL);
+  declare_retry_reasons(srv);
   char addr[300];
   bool amqps = false;
   for (unsigned i = 0; i < cfg->n_upstreams; i++) {

@@ -77,20 +77,17 @@ typedef struct px_defer {
   uint64_t refused_ms; /* as px_retry_op.refused_ms */
 } px_defer;
 
-/* Reasons a copy failed that a later copy may not meet: it was not
- * enqueued (the broker nacked it, or rebound's channel closed before it
- * was confirmed), so trying again once the channel is back duplicates
- * nothing the broker confirmed. */
-static const char WHY_NACKED[] = "nacked by the broker";
-/* the broker closed rebound's channel: copies published before the frame
+/* px_counters.h's reasons, as the pointers that are compared. A copy
+ * NACKED or DISCARDED was not enqueued (the broker nacked it, or rebound's
+ * channel closed before it was confirmed), so trying again once the
+ * channel is back duplicates nothing the broker confirmed. CHANNEL_LOST:
+ * the broker closed rebound's channel; copies published before the frame
  * it refused may be enqueued (their requeue may duplicate one, as any
- * lost confirm), those after it were discarded */
-static const char WHY_CHANNEL_LOST[] = "rebound's channel was closed";
-static const char WHY_DISCARDED[] =
-    "rebound's channel was closed before the copy";
+ * lost confirm), those after it were DISCARDED. */
+#define WHY(id) px_why_text[PX_WHY_##id]
 
 static bool retry_later(const char *why) {
-  return why == WHY_NACKED || why == WHY_DISCARDED;
+  return why == WHY(NACKED) || why == WHY(DISCARDED);
 }
 
 /* Deferred requeues per connection at most (each is an unsettled delivery
@@ -650,11 +647,11 @@ static void unpark_to_defers(px_session *s) {
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
     if (d && (d->flags & PX_DLF_TIMING_OUT)) {
-      timeout_abandoned(s, c, d, WHY_DISCARDED);
+      timeout_abandoned(s, c, d, WHY(DISCARDED));
       if (!c->track.retries_pending && !c->track.defers_pending)
         px_life_release_held(s, c);
     } else if (d) {
-      requeue_or_defer(s, c, d, f->is_reject, true, WHY_DISCARDED);
+      requeue_or_defer(s, c, d, f->is_reject, true, WHY(DISCARDED));
     }
   }
   px_ring_free(&todo);
@@ -861,13 +858,13 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   static const int dead_masks[] = {COPY_DEAD_LETTER, -1};
   retry_plan plan;
   if (d->state != PX_DL_CACHED)
-    return "delivery not kept";
+    return WHY(NOT_KEPT);
   const char *q = px_dl_queue(d);
   const retry_rule *rule = delivery_rule(s, d);
   amqp_content_header h; /* decoded once: for the count and the copy */
   if (amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
                                  &h) != AMQP_OK)
-    return "content header does not decode";
+    return WHY(BAD_HEADER);
   retry_decide(rule, q, strlen(q), count_header(s, &h), jitter_draw(), &plan);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
@@ -882,7 +879,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   }
   if (must_park(s, plan.target)) {
     if (park(s, c, d, is_reject) != 0)
-      return "copy could not be built";
+      return WHY(NOT_BUILT);
     d->state = PX_DL_RETRYING;
     c->track.retries_pending++;
     return NULL;
@@ -897,7 +894,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return PX_PASS_NO_FIT;
   }
   if (rc != 0)
-    return "copy could not be built";
+    return WHY(NOT_BUILT);
   d->state = PX_DL_RETRYING;
   c->track.retries_pending++;
   return NULL;
@@ -995,7 +992,7 @@ static bool refused(px_session *s, px_chan *c, px_delivery *d,
                     const px_retry_op *op, const char *why) {
   uint64_t now = uv_now(s->srv->loop);
   uint64_t first = op->refused_ms ? op->refused_ms : now;
-  if (why != WHY_NACKED || op->returned || px_life_conn_held(s) ||
+  if (why != WHY(NACKED) || op->returned || px_life_conn_held(s) ||
       now - first >= s->srv->cfg->retry_confirm_timeout_ms)
     return false;
   if (!defer_requeue(s, c, d, op->is_reject, true, why, first))
@@ -1161,8 +1158,7 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   if (any && (s->own_state != PX_OWN_READY || s->own_blocked) &&
       !(multiple && t->lost) && c->state == PX_CH_OPEN)
     return defer_range(s, c, from, to, is_reject, true,
-                       s->own_blocked ? "broker blocks publishing"
-                                      : "rebound's channel not ready");
+                       s->own_blocked ? WHY(BLOCKED) : WHY(OWN_NOT_READY));
   if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
@@ -1226,7 +1222,7 @@ int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
   }
   /* the requeue happens at commit; held back, it still comes before the
    * commit (the channel's later frames wait behind it) */
-  return defer_range(s, c, from, to, is_reject, false, "in a transaction");
+  return defer_range(s, c, from, to, is_reject, false, WHY(IN_TX));
 }
 
 /* ---- the broker's answers --------------------------------------------------
@@ -1338,7 +1334,7 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
   arm_deadline(s);
   for (uint32_t i = 0; i < n; i++)
     finish(s, &done[i], ok && !done[i].returned,
-           done[i].returned ? "returned by the broker (unroutable)" : why);
+           done[i].returned ? WHY(RETURNED) : why);
   if (done != &one)
     free(done);
   s->idle_due = true; /* px_retry_unpark(), then px_frames_retry_idle() */
@@ -1353,7 +1349,7 @@ void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   if (ok)
     s->own_failures = 0; /* the reopen backoff starts over */
   if (multiple) {
-    finish_prefix(s, op_lower_bound(s, seq + 1), ok, WHY_NACKED);
+    finish_prefix(s, op_lower_bound(s, seq + 1), ok, WHY(NACKED));
     return;
   }
   uint32_t i = op_lower_bound(s, seq);
@@ -1364,7 +1360,7 @@ void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   for (; i > 0; i--)
     *op_at(s, i) = *op_at(s, i - 1);
   *op_at(s, 0) = op;
-  finish_prefix(s, 1, ok, WHY_NACKED);
+  finish_prefix(s, 1, ok, WHY(NACKED));
 }
 
 void px_retry_deadline(uv_timer_t *timer) {
@@ -1379,7 +1375,7 @@ void px_retry_deadline(uv_timer_t *timer) {
   if (n)
     px_warn("retry_confirm_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
             PX_U("copies", n), PX_U("timeout_ms", limit / 1000));
-  finish_prefix(s, n, false, "confirm timeout");
+  finish_prefix(s, n, false, WHY(CONFIRM_TIMEOUT));
   if (n == 0)
     arm_deadline(s);
   s->hooks->flush(s);
@@ -1530,8 +1526,8 @@ bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   }
   list_free(&s->declared, &s->ndeclared);
   list_free(&s->alt_declared, &s->nalt_declared);
-  finish_prefix(s, k, false, WHY_CHANNEL_LOST);
-  finish_prefix(s, s->ops.n, false, WHY_DISCARDED);
+  finish_prefix(s, k, false, WHY(CHANNEL_LOST));
+  finish_prefix(s, s->ops.n, false, WHY(DISCARDED));
   unpark_to_defers(s);
   s->own_seq = 0;
   return adapted;

@@ -270,6 +270,12 @@ def test_dashboard_uses_only_exported_metrics(rebound_factory):
                         name, t["expr"])
 
 
+# How a published copy can fail: rebound_retry_fallbacks_total's reasons.
+COPY_FAILURES = ("nacked by the broker", "rebound's channel was closed",
+                 "rebound's channel was closed before the copy",
+                 "confirm timeout", "returned by the broker (unroutable)")
+
+
 def test_metric_families_follow_the_conventions(rebound_factory):
     """No gauge shares its name with a counter's family (x and x_total),
     the process_* families have their standard names, rebound_build_info
@@ -304,6 +310,22 @@ def test_metric_families_follow_the_conventions(rebound_factory):
              '{reason="no policy for the queue"}'] == 0
     assert v['rebound_retry_passthrough_total'
              '{reason="no copy fits frame-max"}'] == 0
+    fallbacks = {k: n for k, n in v.items()
+                 if k.startswith("rebound_retry_fallbacks_total{")}
+    assert fallbacks == {'rebound_retry_fallbacks_total{reason="%s"}' % r: 0
+                         for r in COPY_FAILURES}
+    delayed = {k.split('"')[1]: n for k, n in v.items()
+               if k.startswith("rebound_retry_requeues_delayed_total{")}
+    assert set(delayed) == set(COPY_FAILURES) | {
+        "delivery not kept", "content header does not decode",
+        "copy could not be built", "in a transaction",
+        "broker blocks publishing", "rebound's channel not ready",
+        "no policy for the queue", "server-named queue (amq.*)",
+        "tier or dead-letter name over 255 bytes",
+        "retry count header is not a non-negative integer",
+        "tier or dead-letter queue refused", "no copy fits frame-max",
+        "channel not open or untracked"}
+    assert set(delayed.values()) == {0}
     upstream = rb.upstream.replace("amqp://", "").split("@")[-1].rstrip("/")
     assert v['rebound_upstream_connect_failures_total{address="%s"}'
              % upstream] == 0

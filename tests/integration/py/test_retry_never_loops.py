@@ -73,13 +73,14 @@ def metric(rb, name, **labels):
 
 
 def delayed_by_reason(rb):
-    """{reason: count} of rebound_retry_requeues_delayed_total."""
+    """{reason: count} of rebound_retry_requeues_delayed_total, the
+    reasons at 0 left out."""
     out = {}
     pat = re.compile(r'^rebound_retry_requeues_delayed_total\{reason="'
                      r'((?:[^"\\]|\\.)*)"\} (\S+)$')
     for line in _get(rb.admin_port, "/metrics").splitlines():
         m = pat.match(line)
-        if m:
+        if m and float(m.group(2)):
             out[m.group(1).replace('\\"', '"').replace("\\\\", "\\")] = \
                 float(m.group(2))
     return out
