@@ -93,7 +93,12 @@ fi
 
 # --- the image ------------------------------------------------------------------
 
+# the commit, marked -dirty when tracked files differ from it (as git
+# describe --dirty); "unknown" outside a git checkout
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && ! git -C "$root" diff --quiet HEAD --; then
+  revision=$revision-dirty
+fi
 created=$(date -u ${SOURCE_DATE_EPOCH:+-d @$SOURCE_DATE_EPOCH} +%Y-%m-%dT%H:%M:%SZ)
 tags=(--tag "$image")
 [ -n "${REBOUND_CONTAINER_IMAGE:-}" ] || tags+=(--tag localhost/rebound:latest)

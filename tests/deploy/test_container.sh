@@ -84,7 +84,10 @@ echo "   image $image${CONTAINERS_CONF:+ (CONTAINERS_CONF=$CONTAINERS_CONF)}"
 # --- the image's settings ---------------------------------------------------------
 step "image settings"
 podman image inspect "$image" >"$tmp/inspect.json"
-"$PY" - "$tmp/inspect.json" "$version" <<'EOF' || fail "image settings"
+revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+[ "$revision" = unknown ] || git -C "$root" diff --quiet HEAD -- ||
+  revision=$revision-dirty
+"$PY" - "$tmp/inspect.json" "$version" "$revision" <<'EOF' || fail "image settings"
 import json, sys
 img = json.load(open(sys.argv[1]))[0]
 cfg, version = img["Config"], sys.argv[2]
@@ -104,7 +107,8 @@ want("HEALTHCHECK", (img.get("Healthcheck") or img.get("HealthCheck") or {}).get
      ["CMD", "/usr/local/libexec/rebound/healthcheck"])
 want("label version", labels.get("org.opencontainers.image.version"), version)
 want("label title", labels.get("org.opencontainers.image.title"), "rebound")
-for k in ("revision", "created", "description", "base.name"):
+want("label revision", labels.get("org.opencontainers.image.revision"), sys.argv[3])
+for k in ("created", "description", "base.name"):
     if not labels.get("org.opencontainers.image." + k):
         errors.append("no label org.opencontainers.image." + k)
 if errors:
