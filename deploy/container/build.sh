@@ -108,9 +108,10 @@ log "podman build $image (rebound $version) on $base"
 podman build --format docker --network host --pull=never \
   --file "$here/Containerfile" "${tags[@]}" \
   --build-arg "BASE=$base" \
-  --build-arg "VERSION=$version" \
-  --build-arg "REVISION=$revision" \
-  --build-arg "CREATED=$created" \
+  --label "org.opencontainers.image.version=$version" \
+  --label "org.opencontainers.image.revision=$revision" \
+  --label "org.opencontainers.image.created=$created" \
+  --label "org.opencontainers.image.base.name=$base" \
   --build-arg "JOBS=${REBOUND_CONTAINER_JOBS:-2}" \
   "${build_args[@]}" "$root" >&2
 [ -z "${CONTAINERS_CONF:-}" ] || echo "CONTAINERS_CONF=$CONTAINERS_CONF"
