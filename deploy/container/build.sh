@@ -25,7 +25,9 @@
 #   REBOUND_CONTAINER_CACHE   cache directory (default build/container)
 #   REBOUND_CONTAINER_BASE    base image name (localhost/rebound-base:bookworm)
 #   REBOUND_CONTAINER_IMAGE   image name (localhost/rebound:VERSION, also
-#                             tagged :latest when the default is used)
+#                             tagged :latest when the default is used);
+#                             its build stage is kept as NAME-build:TAG, and
+#                             untagged rebound images of earlier builds go
 #   REBOUND_CONTAINER_MIRROR  Debian mirror (default: the host's)
 #   REBOUND_CONTAINER_SECURITY_MIRROR  Debian security mirror (the host's)
 #   REBOUND_CONTAINER_JOBS    parallel compile jobs (default 2)
@@ -58,6 +60,11 @@ version=$(sed -n 's/^project(rebound VERSION \([0-9.]*\).*/\1/p' \
   "$root/CMakeLists.txt")
 [ -n "$version" ] || die "no project VERSION in CMakeLists.txt"
 image=${REBOUND_CONTAINER_IMAGE:-localhost/rebound:$version}
+tag=${image##*/}
+case $tag in
+  *:*) stage=${image%:*}-build:${tag##*:} ;;
+  *) stage=$image-build ;;
+esac
 
 # One build at a time per cache directory (parallel test runs share it).
 mkdir -p "$cache"
@@ -103,6 +110,15 @@ created=$(date -u ${SOURCE_DATE_EPOCH:+-d @$SOURCE_DATE_EPOCH} +%Y-%m-%dT%H:%M:%
 tags=(--tag "$image")
 [ -n "${REBOUND_CONTAINER_IMAGE:-}" ] || tags+=(--tag localhost/rebound:latest)
 
+# The build stage alone first, tagged: it stays as the layer cache of the
+# next build, and the one it replaces becomes untagged (removed below).
+log "podman build $stage (the build stage) on $base"
+podman build --format docker --network host --pull=never \
+  --file "$here/Containerfile" --target build --tag "$stage" \
+  --build-arg "BASE=$base" \
+  --build-arg "JOBS=${REBOUND_CONTAINER_JOBS:-2}" \
+  "${build_args[@]}" "$root" >&2
+
 log "podman build $image (rebound $version) on $base"
 # docker format: the OCI image format has no HEALTHCHECK.
 podman build --format docker --network host --pull=never \
@@ -114,5 +130,10 @@ podman build --format docker --network host --pull=never \
   --label "org.opencontainers.image.base.name=$base" \
   --build-arg "JOBS=${REBOUND_CONTAINER_JOBS:-2}" \
   "${build_args[@]}" "$root" >&2
+# What earlier builds left: build stages and images whose tags moved on.
+for label in io.rebound.stage=build org.opencontainers.image.title=rebound; do
+  podman image prune --force --filter "label=$label" >/dev/null ||
+    log "could not remove untagged images labelled $label"
+done
 [ -z "${CONTAINERS_CONF:-}" ] || echo "CONTAINERS_CONF=$CONTAINERS_CONF"
 echo "REBOUND_IMAGE=$image"

@@ -63,6 +63,8 @@ version=$(sed -n 's/^project(rebound VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLis
 
 # --- build ------------------------------------------------------------------------
 step "build (deploy/container/build.sh)"
+untagged() { podman images --quiet --filter dangling=true | sort; }
+untagged >"$tmp/untagged.before"
 rc=0
 "$root/deploy/container/build.sh" >"$tmp/build.out" 2>"$tmp/build.log" || rc=$?
 if [ "$rc" -eq 3 ]; then
@@ -79,6 +81,9 @@ while IFS='=' read -r key value; do
 done <"$tmp/build.out"
 [ -n "${image:-}" ] || fail "build.sh named no image"
 grep '^build.sh:' "$tmp/build.log" | sed 's/^/   /'
+# a build leaves no untagged image behind (its build stage is tagged)
+left=$(untagged | comm -13 "$tmp/untagged.before" -)
+[ -z "$left" ] || fail "untagged images left by the build: $(echo $left)"
 echo "   image $image${CONTAINERS_CONF:+ (CONTAINERS_CONF=$CONTAINERS_CONF)}"
 
 # --- the image's settings ---------------------------------------------------------
