@@ -304,20 +304,20 @@ static void render_admin(px_server *srv, px_admin_response *r) {
   }
 }
 
-/* The reasons a requeue passes through: the policy's and the proxy's. */
+/* The reasons a retry passes a requeue through (try_retry's): the
+ * policy's and the proxy's own. */
 static void declare_pass_reasons(px_server *srv, int id) {
   for (int r = RETRY_PASS_NONE + 1; r < RETRY_PASS_COUNT; r++)
     px_metrics_declare(srv, id, retry_pass_reason_str(r), NULL);
-  const char *const own[] = {PX_PASS_REFUSED, PX_PASS_NO_FIT,
-                             PX_PASS_UNTRACKED};
-  for (size_t i = 0; i < sizeof own / sizeof *own; i++)
-    px_metrics_declare(srv, id, own[i], NULL);
+  px_metrics_declare(srv, id, PX_PASS_REFUSED, NULL);
+  px_metrics_declare(srv, id, PX_PASS_NO_FIT, NULL);
 }
 
 /* Fallbacks by how the copy failed; held requeues by any reason no
- * retry was made. */
+ * retry was made. A requeue on an untracked channel is never held. */
 static void declare_retry_reasons(px_server *srv) {
   declare_pass_reasons(srv, PX_M_PASSTHROUGH);
+  px_metrics_declare(srv, PX_M_PASSTHROUGH, PX_PASS_UNTRACKED, NULL);
   declare_pass_reasons(srv, PX_M_DELAYED);
   for (int w = 0; w < PX_WHY_COUNT; w++) {
     if (w < PX_WHY_FAILURES)
