@@ -31,6 +31,9 @@
 #   REBOUND_CONTAINER_MIRROR  Debian mirror (default: the host's)
 #   REBOUND_CONTAINER_SECURITY_MIRROR  Debian security mirror (the host's)
 #   REBOUND_CONTAINER_JOBS    parallel compile jobs (default 2)
+#   REBOUND_CONTAINER_STORE_LOCK  lock file held while building (default
+#                             $TMPDIR/rebound-podman-build.UID.lock: one
+#                             build at a time per user's podman store)
 #   SOURCE_DATE_EPOCH         passed to mmdebstrap (reproducible base)
 # CONTAINERS_CONF and CONTAINERS_STORAGE_CONF are podman's own.
 set -euo pipefail
@@ -66,10 +69,15 @@ case $tag in
   *) stage=$image-build ;;
 esac
 
-# One build at a time per cache directory (parallel test runs share it).
+# One build at a time per cache directory (parallel test runs share it),
+# and per podman store: the prune at the end must not meet another
+# build's untagged images half-way.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock -w 1800 9 || die "timed out waiting for the lock on $cache"
+store_lock=${REBOUND_CONTAINER_STORE_LOCK:-${TMPDIR:-/tmp}/rebound-podman-build.$(id -u).lock}
+exec 7>"$store_lock"
+flock -w 1800 7 || die "timed out waiting for the lock on $store_lock"
 
 # --- the base image -------------------------------------------------------------
 

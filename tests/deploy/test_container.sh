@@ -63,7 +63,15 @@ version=$(sed -n 's/^project(rebound VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLis
 
 # --- build ------------------------------------------------------------------------
 step "build (deploy/container/build.sh)"
-untagged() { podman images --quiet --filter dangling=true | sort; }
+# Untagged images labelled as rebound's, read under build.sh's store lock
+# so that another run's build is never caught half-way.
+store_lock=${REBOUND_CONTAINER_STORE_LOCK:-${TMPDIR:-/tmp}/rebound-podman-build.$(id -u).lock}
+untagged() {
+  flock -w 1800 "$store_lock" sh -c '
+    for label in io.rebound.stage=build org.opencontainers.image.title=rebound; do
+      podman images --quiet --no-trunc --filter dangling=true --filter "label=$label"
+    done' | sort -u
+}
 untagged >"$tmp/untagged.before"
 rc=0
 "$root/deploy/container/build.sh" >"$tmp/build.out" 2>"$tmp/build.log" || rc=$?
