@@ -17,6 +17,10 @@
 # /etc/hosts, independent of the machine's hostname), listens on 127.0.0.1 only and
 # uses a private Erlang cookie passed with -setcookie, so neither $HOME nor
 # /root/.erlang.cookie nor /var/lib/rabbitmq is read or written.
+#
+# Environment: REBOUND_BROKER_START_TIMEOUT (s, default 90),
+# REBOUND_BROKER_STOP_TIMEOUT (s, default 30), REBOUND_BROKER_LAUNCH_DELAY
+# (s the launcher waits before it starts the node; 0, for tests).
 set -euo pipefail
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
@@ -99,6 +103,14 @@ EOF
 alive() {
     [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null &&
         tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q rabbit
+}
+
+# running PID: a process this script just started has not exited (a zombie
+# counts as exited). Unlike alive, it holds before the launcher has
+# exec'd rabbitmq-server, while its command line is still this script's.
+running() {
+    [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null &&
+        ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 
 readpid() { [ -s "$1" ] && tr -dc '0-9' <"$1" || true; }
@@ -259,6 +271,8 @@ EOF
         export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-setcookie $cookie -kernel inet_dist_use_interface {127,0,0,1}"
         cd "$DIR"
         exec 9>&- 8>&-   # the node must not hold the locks
+        # a slow fork-to-exec, as on a loaded machine (tests set it)
+        sleep "${REBOUND_BROKER_LAUNCH_DELAY:-0}"
         exec setsid nohup "$RMQ_BIN/rabbitmq-server" \
             >>"$DIR/log/startup.log" 2>&1 </dev/null
     ) &
@@ -269,7 +283,7 @@ EOF
     if wait_up "$port" "$lpid"; then
         break
     fi
-    if alive "$lpid" || [ "$attempt" -ge 3 ]; then
+    if running "$lpid" || [ "$attempt" -ge 3 ]; then
         log "broker did not come up within ${START_TIMEOUT}s; log tail:"
         tail -n 40 "$DIR"/log/*.log >&2 || true
         do_stop
@@ -291,7 +305,7 @@ wait_up() {
     local i
     for ((i = 0; i < START_TIMEOUT * 4; i++)); do
         amqp_ok "$1" && return 0
-        if ! alive "$2"; then
+        if ! running "$2"; then
             log "broker process exited"
             return 1
         fi
