@@ -76,10 +76,9 @@ enum px_why {
       PX_WHY_COUNT
 };
 enum {
-#define PX__WHY_COUNT(id, text) PX__WHY_FAILURE_##id,
-  PX_COPY_FAILURES(PX__WHY_COUNT)
-#undef PX__WHY_COUNT
-      PX_WHY_FAILURES
+#define PX__WHY_ONE(id, text) +1
+  PX_WHY_FAILURES = 0 PX_COPY_FAILURES(PX__WHY_ONE)
+#undef PX__WHY_ONE
 };
 
 /* The texts of enum px_why. The retry code compares these pointers. */
