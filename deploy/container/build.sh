@@ -17,7 +17,9 @@
 # Last line on stdout: the image's name (REBOUND_IMAGE=...), after
 # CONTAINERS_CONF=FILE when podman needs settings of its own to run
 # containers here (deploy/container/podman-setup.sh writes them into the
-# cache directory; export it for podman run). Needs root, podman and
+# cache directory; export it for podman run), and
+# REBOUND_CONTAINER_STORE_LOCK=FILE, the lock a reader of the store's
+# untagged images takes so that no build is caught half-way. Needs root, podman and
 # mmdebstrap (apt-get install podman mmdebstrap; runc where crun cannot
 # run containers). Exit status 3: podman cannot run containers here.
 #
@@ -144,4 +146,5 @@ for label in io.rebound.stage=build org.opencontainers.image.title=rebound; do
     log "could not remove untagged images labelled $label"
 done
 [ -z "${CONTAINERS_CONF:-}" ] || echo "CONTAINERS_CONF=$CONTAINERS_CONF"
+echo "REBOUND_CONTAINER_STORE_LOCK=$store_lock"
 echo "REBOUND_IMAGE=$image"

@@ -63,16 +63,6 @@ version=$(sed -n 's/^project(rebound VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLis
 
 # --- build ------------------------------------------------------------------------
 step "build (deploy/container/build.sh)"
-# Untagged images labelled as rebound's, read under build.sh's store lock
-# so that another run's build is never caught half-way.
-store_lock=${REBOUND_CONTAINER_STORE_LOCK:-${TMPDIR:-/tmp}/rebound-podman-build.$(id -u).lock}
-untagged() {
-  flock -w 1800 "$store_lock" sh -c '
-    for label in io.rebound.stage=build org.opencontainers.image.title=rebound; do
-      podman images --quiet --no-trunc --filter dangling=true --filter "label=$label"
-    done' | sort -u
-}
-untagged >"$tmp/untagged.before"
 rc=0
 "$root/deploy/container/build.sh" >"$tmp/build.out" 2>"$tmp/build.log" || rc=$?
 if [ "$rc" -eq 3 ]; then
@@ -85,12 +75,19 @@ while IFS='=' read -r key value; do
   case $key in
     REBOUND_IMAGE) image=$value ;;
     CONTAINERS_CONF) export CONTAINERS_CONF="$value" ;;
+    REBOUND_CONTAINER_STORE_LOCK) store_lock=$value ;;
   esac
 done <"$tmp/build.out"
 [ -n "${image:-}" ] || fail "build.sh named no image"
 grep '^build.sh:' "$tmp/build.log" | sed 's/^/   /'
-# a build leaves no untagged image behind (its build stage is tagged)
-left=$(untagged | comm -13 "$tmp/untagged.before" -)
+# A build leaves no untagged image of rebound's behind: its build stage is
+# tagged, and what earlier builds left is removed. Read under build.sh's
+# store lock, so that another run's build is never caught half-way.
+[ -n "${store_lock:-}" ] || fail "build.sh named no store lock"
+left=$(flock -w 1800 "$store_lock" sh -c '
+  for label in io.rebound.stage=build org.opencontainers.image.title=rebound; do
+    podman images --quiet --filter dangling=true --filter "label=$label"
+  done' | sort -u)
 [ -z "$left" ] || fail "untagged images left by the build: $(echo $left)"
 echo "   image $image${CONTAINERS_CONF:+ (CONTAINERS_CONF=$CONTAINERS_CONF)}"
 
