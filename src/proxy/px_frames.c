@@ -261,9 +261,9 @@ static int client_connection_method(px_session *s, const amqp_frame *f,
     break;
   }
   case AMQP_CONNECTION_CLOSE:
-    if (px_retry_busy(s)) { /* the acks of the copies in flight go first */
+    if (px_retry_pending(s)) { /* the acks of the copies in flight go first */
       px_info("client_close_waits", PX_U("id", s->id), PX_S("peer", s->peer),
-              PX_U("pending", s->ops.n + s->parked.n + s->n_own_waiters));
+              PX_U("pending", px_retry_pending(s)));
       return PX_HOLD_CONN;
     }
     px_life_closing(s, PX_BY_CLIENT);
@@ -320,7 +320,7 @@ static int client_frame_closing(px_session *s, const amqp_frame *f) {
     return PX_DROP;
   if (s->closer == PX_BY_SHUTDOWN && s->upstream.connected) {
     px_life_phase(s, PX_PHASE_CLIENT_ANSWERED);
-    if (!px_retry_busy(s)) /* else copies in flight or to go: their acks
+    if (!px_retry_pending(s)) /* else copies in flight or to go: their acks
                               first (px_frames_retry_idle()) */
       px_life_close_upstream(s, PX_CR_SHUTTING_DOWN);
     return PX_DROP; /* the broker's close-ok ends the session */

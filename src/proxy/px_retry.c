@@ -1533,11 +1533,13 @@ bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   return adapted;
 }
 
-bool px_retry_busy(const px_session *s) {
+uint32_t px_retry_pending(const px_session *s) {
   bool opening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
-  return s->ops.n > 0 || s->parked.n > 0 ||
-         (opening && (s->n_own_waiters || s->defers.n || s->lost_waiting));
+  uint32_t n = s->ops.n + s->parked.n;
+  if (opening)
+    n += s->n_own_waiters + s->defers.n + s->lost_waiting;
+  return n;
 }
 
 /* rebound's channel is ready (again): requeues held back for it get their

@@ -57,10 +57,11 @@ void px_retry_reopen_at(px_session *s, uint64_t due_ms);
 void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
                       const char *which);
 
-/* Retries to finish before the connection may end: copies in flight or
- * parked, or requeues waiting for rebound's channel, which is being
- * opened, to start theirs. */
-bool px_retry_busy(const px_session *s);
+/* Retries to finish before the connection may end (0: none): copies in
+ * flight or parked and, while rebound's channel is being opened, what
+ * waits for it to start theirs (a client channel holding its requeue
+ * counts once; a consumer lost meanwhile, once). */
+uint32_t px_retry_pending(const px_session *s);
 /* No copy is in flight: the parked ones go. false when there was
  * nothing to send. */
 bool px_retry_unpark(px_session *s);

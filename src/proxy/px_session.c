@@ -163,12 +163,12 @@ static bool client_gone_finish(px_session *s, bool write_failed) {
   if (!gone && s->upstream.connected && px_life_is_open(s) &&
       !px_life_conn_held(s))
     px_retry_consumer_lost(s);
-  if (!px_retry_busy(s) || !s->upstream.connected || gone)
+  if (!px_retry_pending(s) || !s->upstream.connected || gone)
     return gone;
   px_conn_stop_reading(&s->client);
   client_stop_writing(s);
   px_info("client_gone_retries_pending", PX_U("id", s->id),
-          PX_S("peer", s->peer), PX_U("pending", s->ops.n),
+          PX_S("peer", s->peer), PX_U("pending", px_retry_pending(s)),
           PX_S("how", write_failed ? "write failed" : "disconnected"),
           PX_U("timeout_ms", s->srv->cfg->retry_finish_timeout_ms));
   s->close_reason =
@@ -398,7 +398,7 @@ static void after_event(px_session *s) {
   }
   if (s->idle_due && !px_frames_awaits_idle(s))
     s->idle_due = false; /* nothing waits for the retries */
-  if (!px_life_closed(s) && s->idle_due && !px_retry_busy(s)) {
+  if (!px_life_closed(s) && s->idle_due && !px_retry_pending(s)) {
     s->idle_due = false;
     px_frames_retry_idle(s);
   }
