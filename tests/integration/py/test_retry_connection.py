@@ -92,29 +92,41 @@ def test_two_copies_returned_are_each_republished_once(rebound_factory, fake):
     c.close()
 
 
-def lose_with_refusals(rebound_factory, fake, times):
-    """A consumer through rebound (tier 10s) whose retry connection drops,
-    after which the fake broker refuses the next `times` logins of one
-    with 403 (a node still starting, a changed password). Returns (client,
-    the client's upstream connection, the refused connections, rebound,
-    the fake broker)."""
-    refused = []
+def lose_retry_connection(rebound_factory, fake, next_login):
+    """A consumer through rebound (tier 10s) whose retry connection drops;
+    the fake broker then hands each new login of one to
+    `next_login(conn)`, which answers it (True) or lets it go on (False).
+    Returns (client, the client's upstream connection, rebound, the fake
+    broker)."""
     armed = []
 
     def on_login(conn):
-        if (armed and b"rebound retries for" in conn.client_props
-                and len(refused) < times):
-            refused.append(conn)
-            conn.send(a.connection_close(403, "ACCESS_REFUSED - not now",
-                                         10, 11))
-            return True
-        return False
+        return (bool(armed) and b"rebound retries for" in conn.client_props
+                and next_login(conn))
 
     broker = fake(on_login=on_login)
     rb = rebound_factory("--retry-tiers", "10s", upstream=broker.addr)
     c, main, pub = consumer(rb, broker, 1)
     armed.append(True)
     pub.sock.shutdown(socket.SHUT_RDWR)
+    return c, main, rb, broker
+
+
+def lose_with_refusals(rebound_factory, fake, times):
+    """lose_retry_connection(), the next `times` logins refused with 403 (a
+    node still starting, a changed password). Returns (client, the
+    client's upstream connection, the refused connections, rebound, the
+    fake broker)."""
+    refused = []
+
+    def refuse(conn):
+        if len(refused) >= times:
+            return False
+        refused.append(conn)
+        conn.send(a.connection_close(403, "ACCESS_REFUSED - not now", 10, 11))
+        return True
+
+    c, main, rb, broker = lose_retry_connection(rebound_factory, fake, refuse)
     return c, main, refused, rb, broker
 
 
@@ -159,3 +171,26 @@ def test_refused_reconnects_end_on_the_clients_connection(rebound_factory,
     time.sleep(1)
     assert len(retry_conns(broker)) == 5  # no dialling after giving up
     c.close()
+
+
+def test_client_gone_while_the_retry_connection_logs_in_says_what_waits(
+        rebound_factory, fake):
+    """The retry connection drops and its next login goes unanswered; a
+    consumer fails a message (the requeue waits for rebound's channel) and
+    leaves. rebound logs that the client left with retries pending, and
+    the count says what waits: the client's channel holding its requeue,
+    not only the copies already published (none yet)."""
+    stalled = []
+
+    def stall(conn):  # no connection.tune: the login hangs
+        stalled.append(conn)
+        return True
+
+    c, main, rb, broker = lose_retry_connection(rebound_factory, fake, stall)
+    wait_until(lambda: stalled, 10, "the retry connection's next login")
+    c.send(fb.basic_nack(1, 1, requeue=True))
+    c.close()
+    gone = rb.wait_log("client_gone_retries_pending", timeout=10)
+    assert int(gone["pending"]) >= 1, gone
+    assert not main.find("basic.ack", tag=1)
+    assert not any(x.published() for x in retry_conns(broker))
