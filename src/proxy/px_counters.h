@@ -47,6 +47,7 @@ struct px_server;
 #define PX_PASS_REFUSED "tier or dead-letter queue refused"
 #define PX_PASS_NO_FIT "no copy fits frame-max"
 #define PX_PASS_UNTRACKED "channel not open or untracked"
+#define PX_PASS_NO_QUEUE "queue not known (empty name, no named declare)"
 
 /* Why a copy failed once it was published: label values of PX_M_FALLBACKS
  * and of PX_M_DELAYED (the client's requeue, held for its delay).

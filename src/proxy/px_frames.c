@@ -401,6 +401,17 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
   return PX_FORWARD;
 }
 
+/* queue.declare: the channel's most recently declared queue, which a
+ * consume or get naming "" takes. */
+static int client_declare(px_session *s, const amqp_frame *f, px_chan *c,
+                          uint32_t id) {
+  amqp_method m;
+  int act = decode_or_close(s, f, id, &m);
+  if (act == PX_FORWARD)
+    px_track_client_method(s, c, &m);
+  return act;
+}
+
 /* A channel the client is closing or the broker closed: the broker only
  * looks at channel.close and close-ok there, so frames pass unexamined and
  * nothing more is tracked for it. */
@@ -502,6 +513,8 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
   int act = client_content(s, f, c, id);
   if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
     act = client_basic_method(s, f, c, id);
+  if (act == PX_FORWARD && id == AMQP_QUEUE_DECLARE)
+    act = client_declare(s, f, c, id);
   if (act == PX_HOLD)
     *hold_chan = c; /* a requeue waiting for rebound's channel */
   if (id == AMQP_TX_SELECT)
@@ -690,6 +703,7 @@ static void upstream_track(px_session *s, px_chan *c, const amqp_frame *f,
   case AMQP_BASIC_GET_OK:
   case AMQP_BASIC_GET_EMPTY:
   case AMQP_BASIC_CONSUME_OK:
+  case AMQP_QUEUE_DECLARE_OK:
   case AMQP_BASIC_CANCEL_OK:
   case AMQP_BASIC_CANCEL:
     if (amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) !=

@@ -311,6 +311,7 @@ static void declare_pass_reasons(px_server *srv, int id) {
     px_metrics_declare(srv, id, retry_pass_reason_str(r), NULL);
   px_metrics_declare(srv, id, PX_PASS_REFUSED, NULL);
   px_metrics_declare(srv, id, PX_PASS_NO_FIT, NULL);
+  px_metrics_declare(srv, id, PX_PASS_NO_QUEUE, NULL);
 }
 
 /* Fallbacks by how the copy failed; held requeues by any reason no

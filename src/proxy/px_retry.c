@@ -1094,9 +1094,15 @@ static void count_requeued(px_session *s, px_chan *c, uint32_t from,
  * delay. */
 static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
                              bool is_reject, bool retry, const char *why) {
+  bool unknown = d->flags & PX_DLF_NO_QUEUE;
+  if (unknown) { /* no copy can be made: a pass-through, delayed */
+    why = PX_PASS_NO_QUEUE;
+    retry = false;
+    px_metrics_inc(s->srv, PX_M_PASSTHROUGH, why, NULL);
+  }
   /* a client whose connection.close waits gets no delay: the broker
    * requeues what it leaves unsettled as soon as the close goes on */
-  if (d->rule && !px_life_conn_held(s) &&
+  if ((d->rule || unknown) && !px_life_conn_held(s) &&
       defer_requeue(s, c, d, is_reject, retry, why, 0))
     return;
   if (!emit_settle(s, c, is_reject ? AMQP_BASIC_REJECT : AMQP_BASIC_NACK,
@@ -1141,7 +1147,9 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   uint64_t uncached = 0; /* of intercepted queues, over the cache bound */
   for (uint32_t i = from; i < to; i++) {
     px_delivery *d = px_dl_at(t, i);
-    any = any || d->state == PX_DL_CACHED;
+    /* a delivery of a queue rebound cannot name is held back too */
+    any = any || d->state == PX_DL_CACHED ||
+          (d->state == PX_DL_UNCACHED && (d->flags & PX_DLF_NO_QUEUE));
     uncached += d->rule && d->state == PX_DL_UNCACHED;
   }
   bool reopening =

@@ -320,10 +320,48 @@ static px_consumer *find_consumer(px_chan *c, amqp_bytes tag) {
   return NULL;
 }
 
+/* A consumer, or a basic.get, whose queue cannot be known (it names "" on
+ * a channel whose last declare was a server-named queue declared no-wait,
+ * or none): its requeues pass through, delayed and counted. Logged at
+ * most once a second. */
+static void unknown_queue(px_session *s, px_chan *c, const char *tag,
+                          uint32_t decl_wait) {
+  static uint64_t last_us, unlogged;
+  uint64_t now = px_server_now_us(s->srv);
+  if (decl_wait) /* named by a declare-ok to come */
+    return;
+  if (last_us && now - last_us < 1000000) {
+    unlogged++;
+    return;
+  }
+  px_warn("queue_identity_unknown", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_U("channel", c->client_ch), PX_S("consumer_tag", tag),
+          PX_U("unlogged", unlogged),
+          PX_S("note", "the queue named \"\" is not known to rebound (no "
+                       "declare, or a server-named one declared no-wait): "
+                       "its requeues pass through, delayed and counted"));
+  last_us = now;
+  unlogged = 0;
+}
+
+/* A consumer's queue is known: its policy and, once the broker has shown
+ * the consumer exists, its metrics label. true when it has a policy. */
+static bool consumer_named(px_session *s, px_consumer *k, bool confirmed) {
+  k->rule = k->no_ack
+                ? NULL
+                : retry_match(&s->srv->cfg->retry, k->queue, strlen(k->queue));
+  k->gen = s->srv->cfg_gen;
+  k->qid = confirmed ? px_metrics_queue(s->srv, k->queue) : -1;
+  return k->rule != NULL;
+}
+
 /* A consumer the broker has confirmed (consume-ok) or that no-wait says
- * exists (`confirmed` false: its metrics label waits for a delivery). */
+ * exists (`confirmed` false: its metrics label waits for a delivery).
+ * `queue` NULL: not known yet (named by declare-ok `decl_wait`) or not
+ * known at all (decl_wait 0). */
 static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
-                         const char *queue, bool no_ack, bool confirmed) {
+                         const char *queue, uint32_t decl_wait, bool no_ack,
+                         bool confirmed) {
   px_track *t = &c->track;
   px_consumer *k =
       t->nconsumers < PX_TRACK_MAX_CONSUMERS
@@ -335,9 +373,10 @@ static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   }
   t->consumers = k;
   k = &t->consumers[t->nconsumers];
+  memset(k, 0, sizeof *k);
   k->tag = dup_bytes(tag);
-  k->queue = strdup(queue);
-  if (!k->tag || !k->queue) {
+  k->queue = queue ? strdup(queue) : NULL;
+  if (!k->tag || (queue && !k->queue)) {
     free(k->tag);
     free(k->queue);
     t->lost = true;
@@ -345,13 +384,17 @@ static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   }
   k->tag_len = (uint8_t)tag.len;
   k->no_ack = no_ack;
-  k->rule =
-      no_ack ? NULL : retry_match(&s->srv->cfg->retry, queue, strlen(queue));
+  k->decl_wait = queue ? 0 : decl_wait;
+  k->qid = -1;
   k->gen = s->srv->cfg_gen;
-  k->qid = confirmed ? px_metrics_queue(s->srv, queue) : -1;
   k->cid = ++t->cids;
   t->nconsumers++;
-  return k->rule != NULL; /* rebound's channel: ready by its first failure */
+  if (!queue) {
+    unknown_queue(s, c, k->tag, decl_wait);
+    return false;
+  }
+  return consumer_named(s, k, confirmed); /* rebound's channel: ready by
+                                             its first failure */
 }
 
 static void remove_consumer(px_chan *c, amqp_bytes tag) {
@@ -367,6 +410,22 @@ static px_request *req_at(const px_ring *q, uint32_t i) {
   return px_ring_at(q, sizeof(px_request), i);
 }
 
+/* The queue a consume or get naming `queue` takes: "" is the channel's
+ * most recently declared queue, as the broker resolves it. NULL with
+ * *decl_wait > 0: that declare-ok will name it; NULL with 0: not known
+ * (or out of memory: the same, a pass-through). */
+static char *resolve_queue(const px_track *t, amqp_bytes queue,
+                           uint32_t *decl_wait) {
+  *decl_wait = 0;
+  if (queue.len)
+    return dup_bytes(queue);
+  if (t->decl_wait) {
+    *decl_wait = t->decl_wait;
+    return NULL;
+  }
+  return t->last_queue ? strdup(t->last_queue) : NULL;
+}
+
 static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
                          amqp_bytes tag) {
   px_track *t = &c->track;
@@ -377,8 +436,51 @@ static void push_request(px_chan *c, bool is_get, bool no_ack, amqp_bytes queue,
   px_request *r = px_ring_push(&t->requests, sizeof(px_request));
   r->is_get = is_get;
   r->no_ack = no_ack;
-  r->queue = dup_bytes(queue);
+  r->queue = resolve_queue(t, queue, &r->decl_wait);
   r->tag = dup_bytes(tag);
+}
+
+/* queue.declare from the client: the channel's most recently declared
+ * queue, from now on for the broker. An explicit name is known now; a
+ * server-named queue's name comes with its declare-ok, or never (no-wait). */
+static void declared(px_chan *c, amqp_bytes queue, bool no_wait) {
+  px_track *t = &c->track;
+  free(t->last_queue);
+  t->last_queue = queue.len ? dup_bytes(queue) : NULL;
+  t->decl_wait = 0;
+  if (no_wait)
+    return;
+  t->decl_sent++;
+  if (!queue.len)
+    t->decl_wait = t->decl_sent;
+}
+
+/* queue.declare-ok: the name of the queue the n-th declare made, for what
+ * waits for it. true when a consumer of a queue with a policy appeared. */
+static bool declare_ok(px_session *s, px_chan *c, amqp_bytes queue) {
+  px_track *t = &c->track;
+  uint32_t n = ++t->decl_oks;
+  bool want = false;
+  if (t->decl_wait == n) {
+    t->last_queue = dup_bytes(queue);
+    t->decl_wait = 0;
+  }
+  for (uint32_t i = 0; i < t->requests.n; i++) {
+    px_request *r = px_ring_at(&t->requests, sizeof(px_request), i);
+    if (!r->queue && r->decl_wait == n) {
+      r->queue = dup_bytes(queue);
+      r->decl_wait = 0;
+    }
+  }
+  for (uint32_t i = 0; i < t->nconsumers; i++) {
+    px_consumer *k = &t->consumers[i];
+    if (!k->queue && k->decl_wait == n) {
+      k->decl_wait = 0;
+      if ((k->queue = dup_bytes(queue)))
+        want = consumer_named(s, k, false) || want;
+    }
+  }
+  return want;
 }
 
 /* The oldest request, removed; the caller frees its strings. */
@@ -402,10 +504,11 @@ bool px_track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
   switch (m->id) {
   case AMQP_BASIC_CONSUME:
     if (a[AMQP_F_BASIC_CONSUME_NO_WAIT].u) {
-      char *q = dup_bytes(a[AMQP_F_BASIC_CONSUME_QUEUE].b);
-      if (q)
-        want = add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q,
-                            a[AMQP_F_BASIC_CONSUME_NO_ACK].u, false);
+      uint32_t wait;
+      char *q =
+          resolve_queue(&c->track, a[AMQP_F_BASIC_CONSUME_QUEUE].b, &wait);
+      want = add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b, q, wait,
+                          a[AMQP_F_BASIC_CONSUME_NO_ACK].u, false);
       free(q);
     } else {
       push_request(c, false, a[AMQP_F_BASIC_CONSUME_NO_ACK].u,
@@ -433,6 +536,10 @@ bool px_track_client_method(px_session *s, px_chan *c, const amqp_method *m) {
     /* every unsettled delivery comes again with a new tag */
     px_track_clear(s, c);
     break;
+  case AMQP_QUEUE_DECLARE:
+    declared(c, a[AMQP_F_QUEUE_DECLARE_QUEUE].b,
+             a[AMQP_F_QUEUE_DECLARE_NO_WAIT].u);
+    break;
   }
   return want;
 }
@@ -449,6 +556,16 @@ static void got_ok(px_session *s, px_chan *c, const amqp_arg *a,
     d->flags |= PX_DLF_REDELIVERED;
 }
 
+/* A basic.get-ok with acks from a queue rebound cannot name: tracked for
+ * settlement, its requeue delayed and counted. */
+static void got_unknown(px_session *s, px_chan *c, uint64_t tag) {
+  unknown_queue(s, c, "", 0);
+  px_delivery *d = new_delivery(s, c, tag, s->srv->cfg_gen, -1, NULL, NULL,
+                                (amqp_bytes){0}, (amqp_bytes){0});
+  if (d)
+    d->flags |= PX_DLF_NO_QUEUE;
+}
+
 /* Deliveries and answers from the broker. `queue` of a delivery comes from
  * its consumer or its basic.get. */
 bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
@@ -458,11 +575,14 @@ bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
   switch (m->id) {
   case AMQP_BASIC_CONSUME_OK:
     if (pop_request(c, &r)) {
-      if (!r.is_get && r.queue)
+      if (!r.is_get)
         want = add_consumer(s, c, a[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b,
-                            r.queue, r.no_ack, true);
+                            r.queue, 0, r.no_ack, true);
       request_free(&r);
     }
+    break;
+  case AMQP_QUEUE_DECLARE_OK:
+    want = declare_ok(s, c, a[AMQP_F_QUEUE_DECLARE_OK_QUEUE].b);
     break;
   case AMQP_BASIC_CANCEL_OK:
     remove_consumer(c, a[AMQP_F_BASIC_CANCEL_OK_CONSUMER_TAG].b);
@@ -482,6 +602,8 @@ bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
                      r.no_ack ? PX_QC_DELIVERED_NO_ACK : PX_QC_DELIVERED);
     if (want)
       got_ok(s, c, a, r.queue);
+    else if (!r.no_ack)
+      got_unknown(s, c, a[AMQP_F_BASIC_GET_OK_DELIVERY_TAG].u);
     request_free(&r);
     break;
   case AMQP_BASIC_GET_EMPTY:
@@ -490,6 +612,20 @@ bool px_track_upstream_method(px_session *s, px_chan *c, const amqp_method *m) {
     break;
   }
   return want;
+}
+
+/* A delivery to a consumer whose queue is not known: tracked for
+ * settlement, never copied. */
+static void deliver_unknown(px_session *s, px_chan *c, const px_consumer *k,
+                            uint64_t tag) {
+  px_delivery *d = k->no_ack
+                       ? NULL
+                       : new_delivery(s, c, tag, s->srv->cfg_gen, -1, NULL,
+                                      NULL, (amqp_bytes){0}, (amqp_bytes){0});
+  if (d) {
+    d->cid = k->cid;
+    d->flags |= PX_DLF_NO_QUEUE;
+  }
 }
 
 /* basic.deliver, on every delivery: the consumer tag and delivery tag are
@@ -504,6 +640,10 @@ bool px_track_deliver(px_session *s, px_chan *c, amqp_bytes payload) {
   px_consumer *k = r.failed ? NULL : find_consumer(c, ctag);
   if (!k) {
     c->track.lost = true;
+    return false;
+  }
+  if (!k->queue) {
+    deliver_unknown(s, c, k, tag);
     return false;
   }
   if (k->qid < 0) /* a no-wait consumer: the broker delivers, so it exists */
@@ -613,6 +753,7 @@ void px_track_free(px_session *s, px_chan *c) {
     free(c->track.consumers[i].queue);
   }
   free(c->track.consumers);
+  free(c->track.last_queue);
   free(c->track.expired);
   for (uint32_t i = 0; i < c->track.requests.n; i++)
     request_free(req_at(&c->track.requests, i));

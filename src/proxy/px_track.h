@@ -27,7 +27,9 @@ typedef struct px_consumer {
   char *tag; /* NUL-terminated copy */
   uint8_t tag_len;
   bool no_ack;
-  char *queue;
+  char *queue; /* NULL: not known (px_track.last_queue); its requeues pass
+                  through, delayed and counted */
+  uint32_t decl_wait; /* queue NULL: the declare-ok that names it, 0: none */
   const retry_rule *rule; /* the queue's policy, matched once; NULL: none */
   uint32_t gen;           /* ... under this config generation; `rule` is
                              used only while gen is the server's cfg_gen */
@@ -40,7 +42,8 @@ typedef struct px_consumer {
 typedef struct px_request {
   bool is_get;
   bool no_ack;
-  char *queue;
+  char *queue; /* NULL: not known, or named by declare-ok `decl_wait` */
+  uint32_t decl_wait;
   char *tag; /* consume: the client's tag ("" for server-generated) */
 } px_request;
 
@@ -60,9 +63,11 @@ enum {
   PX_DLF_REDELIVERED = 2,    /* the broker said it was delivered before */
   PX_DLF_LOST = 4,           /* counted for a lost consumer: its copies say
                                 consumer-lost, through parking and retries */
-  PX_DLF_TIMING_OUT = 8      /* its copy is for a processing timeout: a
+  PX_DLF_TIMING_OUT = 8,     /* its copy is for a processing timeout: a
                                 failure leaves it with the client, success
                                 swallows the client's settle */
+  PX_DLF_NO_QUEUE = 16       /* its queue is not known: its requeue passes
+                                through, delayed and counted */
 };
 
 /* 64 bytes: a kept delivery costs this, its ring slot, and one
@@ -110,6 +115,14 @@ typedef struct px_track {
    * (deliveries come one after the other: the hint is still the room when
    * the header of the delivery being captured comes) */
   uint32_t content_hint;
+  /* The queue the broker takes for a basic.consume or basic.get that
+   * names "": the channel's most recently declared queue. NULL: not known
+   * (none declared, or a server-named one declared no-wait, whose name
+   * the broker never tells); decl_wait > 0: declare-ok number decl_wait
+   * (decl_oks counts them) will name it. decl_sent counts the declares
+   * that get a declare-ok. */
+  char *last_queue;
+  uint32_t decl_sent, decl_oks, decl_wait;
   uint32_t retries_pending;
   uint32_t defers_pending; /* requeues waiting for their delay */
   bool lost; /* a delivery could not be tracked: multiple-nacks pass */

@@ -325,7 +325,8 @@ def test_metric_families_follow_the_conventions(rebound_factory):
         "no policy for the queue", "server-named queue (amq.*)",
         "tier or dead-letter name over 255 bytes",
         "retry count header is not a non-negative integer",
-        "tier or dead-letter queue refused", "no copy fits frame-max"}
+        "tier or dead-letter queue refused", "no copy fits frame-max",
+        "queue not known (empty name, no named declare)"}
     assert set(delayed.values()) == {0}
     upstream = rb.upstream.replace("amqp://", "").split("@")[-1].rstrip("/")
     assert v['rebound_upstream_connect_failures_total{address="%s"}'
