@@ -449,12 +449,30 @@ static bool closing_ignores(const px_session *s, const amqp_frame *f,
            (id == AMQP_CONNECTION_CLOSE || id == AMQP_CONNECTION_CLOSE_OK));
 }
 
+/* An ack multiple (or a nack multiple without requeue) that covers a
+ * delivery whose retry waits can go upstream split around it, when every
+ * delivery of the channel is tracked and none was timed out by rebound. */
+static bool may_split(const px_chan *c, const amqp_method *m) {
+  bool ack = m->id == AMQP_BASIC_ACK;
+  if (c->track.lost || c->track.nexpired ||
+      !(ack ? m->args[AMQP_F_BASIC_ACK_MULTIPLE].u
+            : m->id == AMQP_BASIC_NACK &&
+                  m->args[AMQP_F_BASIC_NACK_MULTIPLE].u &&
+                  !m->args[AMQP_F_BASIC_NACK_REQUEUE].u))
+    return false;
+  uint64_t tag = ack ? m->args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u
+                     : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
+  const px_delivery *d = tag ? px_track_find((px_chan *)c, tag) : NULL;
+  return d && d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED;
+}
+
 /* May this frame of a held channel go past the retries it waits for? A
  * settle (ack, nack, reject) that covers no delivery being retried or held
  * back, when nothing of the channel is queued yet: it cannot overtake
  * rebound's ack of an original, and the client's own order is kept. So a
  * consumer's acks keep flowing while a copy waits for its confirm. */
-static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
+static bool may_overtake(px_session *s, px_chan *c, const amqp_frame *f,
+                         uint32_t id, int *act) {
   amqp_method m;
   if ((id != AMQP_BASIC_ACK && id != AMQP_BASIC_NACK &&
        id != AMQP_BASIC_REJECT) ||
@@ -473,8 +491,12 @@ static bool may_overtake(px_chan *c, const amqp_frame *f, uint32_t id) {
   for (uint32_t i = from; i < to && i < c->track.dl.r.n; i++) {
     const px_delivery *d = px_dl_at(&c->track, i);
     if ((multiple || d->tag == tag) &&
-        (d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED))
-      return false;
+        (d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED)) {
+      if (!may_split(c, &m))
+        return false;
+      *act = px_retry_split_settle(s, c, &m); /* sent around it */
+      return true;
+    }
   }
   return true;
 }
@@ -499,11 +521,14 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
     return px_frames_client_error(s, AMQP_REPLY_COMMAND_INVALID,
                                   "connection method on a channel", id);
   px_chan *c = px_tab_get(&s->by_client, f->channel);
-  if (c && c->held && !may_overtake(c, f, id)) { /* waits, unexamined,
-                                                     until released */
+  int split = PX_FORWARD;
+  if (c && c->held && !may_overtake(s, c, f, id, &split)) { /* waits,
+                                     unexamined, until released */
     *hold_chan = c;
     return PX_HOLD;
   }
+  if (split != PX_FORWARD)
+    return split; /* sent around the waiting retries */
   if (id == AMQP_CHANNEL_OPEN)
     return client_channel_open(s, f->channel, raw, hold_chan);
   if (!c)

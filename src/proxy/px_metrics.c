@@ -68,6 +68,9 @@
     "and acked by rebound")                                                    \
   X(late_settles_swallowed, "rebound_late_settles_swallowed_total", "counter", \
     "Client acks, nacks and rejects of timed-out deliveries, not passed on")   \
+  X(settles_split, "rebound_settles_split_total", "counter",                   \
+    "Client multiple acks and nacks sent upstream around deliveries whose "    \
+    "retry was waiting")                                                       \
   X(consumer_lost, "rebound_consumer_lost_total", "counter",                   \
     "Deliveries counted as a failed attempt because their consumer went "      \
     "without settling them")

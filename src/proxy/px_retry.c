@@ -831,6 +831,54 @@ int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m) {
   return settle_below(s, c, m, orig);
 }
 
+static bool waiting(const px_delivery *d) {
+  return d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED;
+}
+
+/* Send the client's settle `m` for `tag`, multiple or not. */
+static void settle_as(px_session *s, px_chan *c, amqp_method *m, uint64_t tag,
+                      bool multiple) {
+  bool ack = m->id == AMQP_BASIC_ACK;
+  m->args[ack ? AMQP_F_BASIC_ACK_DELIVERY_TAG : AMQP_F_BASIC_NACK_DELIVERY_TAG]
+      .u = tag;
+  m->args[ack ? AMQP_F_BASIC_ACK_MULTIPLE : AMQP_F_BASIC_NACK_MULTIPLE].u =
+      multiple;
+  px_out_status st = px_out_method(&s->out, &s->upstream, c->up_ch, m);
+  (void)st; /* a failure is kept: the session closes over it */
+}
+
+int px_retry_split_settle(px_session *s, px_chan *c, amqp_method *m) {
+  bool ack = m->id == AMQP_BASIC_ACK;
+  uint64_t tag = m->args[ack ? AMQP_F_BASIC_ACK_DELIVERY_TAG
+                             : AMQP_F_BASIC_NACK_DELIVERY_TAG]
+                     .u;
+  uint32_t n = px_track_upto(c, tag);
+  uint64_t first_run = 0; /* the newest delivery before any waiting one */
+  bool past = false;      /* a waiting delivery came */
+  for (uint32_t i = 0; i < n; i++) {
+    px_delivery *d = px_dl_at(&c->track, i);
+    if (d->state == PX_DL_GONE)
+      continue;
+    if (waiting(d)) {
+      if (!past && first_run)
+        settle_as(s, c, m, first_run, true);
+      past = true;
+      continue;
+    }
+    if (past)
+      settle_as(s, c, m, d->tag, false);
+    else
+      first_run = d->tag;
+    px_track_observe(s, d);
+    px_track_forget(s, c, d); /* indexes stay valid until the tidy */
+  }
+  if (!past && first_run)
+    settle_as(s, c, m, first_run, true);
+  px_track_tidy(c);
+  s->srv->stats.settles_split++;
+  return PX_DROP;
+}
+
 /* A random value for a backoff's jitter bucket: xorshift64*, seeded from
  * the clock once (spreading retries needs no more than that). */
 static uint32_t jitter_draw(void) {

@@ -32,6 +32,15 @@ void px_retry_timeouts(px_session *s, uint32_t shortest_ms);
  * multiple settle whose tag is one of them, sent for the newest delivery
  * below that tag instead (PX_DROP, or the requeue path's answer). */
 int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m);
+/* A client's basic.ack, or basic.nack without requeue, with multiple=1 on
+ * a channel where copies wait for their confirm or requeues for their
+ * delay: the broker must not settle those deliveries (the client settled
+ * them already, with its requeue, and rebound acks or requeues them
+ * itself), so the settle goes upstream split: one multiple settle up to
+ * the first waiting delivery, single ones for the others after it. Every
+ * delivery of the channel must be tracked (not px_track.lost). PX_DROP
+ * (the client's frame is replaced; an output failure is kept in s->out). */
+int px_retry_split_settle(px_session *s, px_chan *c, amqp_method *m);
 
 /* The client went without closing (hang-up, reset, a failed write) while
  * the broker's side is open: on each channel, the delivery its consumer was

@@ -50,7 +50,8 @@ typedef struct px_stats {
   uint64_t retry_connection_failures; /* ... that could not log in */
   uint64_t processing_timeouts;       /* deliveries rebound acked for it */
   uint64_t late_settles_swallowed;    /* client settles of those */
-  uint64_t consumer_lost;             /* deliveries counted for it */
+  uint64_t settles_split; /* multiple settles sent around waiting retries */
+  uint64_t consumer_lost; /* deliveries counted for it */
 } px_stats;
 
 #define PX_HIST_BUCKETS 13

@@ -358,6 +358,28 @@ static void test_held_frames_in_order(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* An ack multiple=1 that covers a delivery whose copy waits for its
+ * confirm goes upstream at once, around it: one multiple ack below it,
+ * single acks above it; the waiting one is acked by rebound once its copy
+ * is confirmed, never by the client's settle. */
+static void test_ack_multiple_split_around_a_retry(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 5);
+  h_nack(h, H_CLIENT, 1, 3, false, true);
+  expect_copy(h, true, 5);
+  h_ack(h, H_CLIENT, 1, 5, true);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=1");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=4 multiple=0");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=5 multiple=0");
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.settles_split, 1);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=3 multiple=0");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+}
+
 /* ---- 7. the client's connection.close waits for copies in flight ------- */
 
 static void connection_close(hbuf *b) {
@@ -1440,6 +1462,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_nack_multiple_mixed, teardown),
       cmocka_unit_test_teardown(test_nack_uncached_alone, teardown),
       cmocka_unit_test_teardown(test_held_frames_in_order, teardown),
+      cmocka_unit_test_teardown(test_ack_multiple_split_around_a_retry,
+                                teardown),
       cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
       cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),
