@@ -312,6 +312,7 @@ static int logfmt_parse(const char *s, size_t len, parsed *out) {
       f->len = (size_t)(p - v);
       f->val = malloc(f->len + 1);
       memcpy(f->val, v, f->len);
+      f->val[f->len] = '\0'; /* read as a C string */
       f->quoted = false;
     }
     out->n++;
