@@ -42,6 +42,8 @@ typedef struct px_chan {
   bool release_queued; /* in the session's release queue */
   uint32_t gen;        /* tells a reopened channel number from the old */
   bool tx;             /* tx.select: settlements are transactional */
+  uint32_t tx_acked;   /* rebound's acks of originals since its last
+                          tx.commit or rollback */
   px_slice *hold;      /* client frames held back, in order: */
   uint32_t hold_head, nhold, cap_hold; /* hold[hold_head..nhold) */
   uint64_t held_bytes;

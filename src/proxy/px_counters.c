@@ -87,8 +87,10 @@ static void declare_queue(px_server *srv, const char *queue) {
   px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_MAX_ATTEMPTS);
   px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_CONSUMER_LOST);
   px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_FRAME_MAX);
+  px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_TIER_REFUSED);
   if (rule->processing_timeout_ms)
     px_metrics_declare(srv, PX_M_DEAD_LETTERED, queue, PX_DEAD_TIMEOUT);
+  px_metrics_declare(srv, PX_M_NOT_KEPT, queue, PX_NOT_KEPT_BOUND);
 }
 
 int px_metrics_queue(px_server *srv, const char *queue) {

@@ -25,6 +25,10 @@ struct px_server;
     "Copies confirmed into a dead-letter queue", "queue", "reason", 1)         \
   X(FALLBACKS, "rebound_retry_fallbacks_total",                                \
     "Requeues forwarded to the broker after a copy failed", "reason", NULL, 0) \
+  X(NOT_KEPT, "rebound_deliveries_not_kept_total",                             \
+    "Deliveries of a queue with a policy whose content was not kept for a "    \
+    "retry: their requeues go to the broker after the tier delay, uncounted",  \
+    "queue", "reason", 1)                                                      \
   X(PASSTHROUGH, "rebound_retry_passthrough_total",                            \
     "Requeues of kept deliveries forwarded unchanged", "reason", NULL, 0)      \
   X(DELAYED, "rebound_retry_requeues_delayed_total",                           \
@@ -65,7 +69,6 @@ struct px_server;
   X(NOT_KEPT, "delivery not kept")                                             \
   X(BAD_HEADER, "content header does not decode")                              \
   X(NOT_BUILT, "copy could not be built")                                      \
-  X(IN_TX, "in a transaction")                                                 \
   X(BLOCKED, "broker blocks publishing")                                       \
   X(OWN_NOT_READY, "rebound's channel not ready")
 
@@ -88,9 +91,14 @@ extern const char *const px_why_text[PX_WHY_COUNT];
 /* Why a copy went to the dead-letter queue: label values of
  * PX_M_DEAD_LETTERED. */
 #define PX_DEAD_MAX_ATTEMPTS "max-attempts"
+/* Why a delivery's content was not kept: label values of PX_M_NOT_KEPT. */
+#define PX_NOT_KEPT_BOUND "cache bound reached"
+#define PX_NOT_KEPT_LARGE "message too large"
+#define PX_NOT_KEPT_MEMORY "out of memory"
 #define PX_DEAD_CONSUMER_LOST "consumer-lost"
 #define PX_DEAD_TIMEOUT "processing-timeout"
-#define PX_DEAD_FRAME_MAX "frame-max" /* too large for its tier */
+#define PX_DEAD_FRAME_MAX "frame-max"       /* too large for its tier */
+#define PX_DEAD_TIER_REFUSED "tier-refused" /* its tier cannot be declared */
 
 enum px_labelled_id {
 #define PX__LABELLED_ENUM(id, name, help, l1, l2, q) PX_M_##id,

@@ -369,8 +369,8 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
     bool requeue = id == AMQP_BASIC_NACK
                        ? m.args[AMQP_F_BASIC_NACK_REQUEUE].u
                        : m.args[AMQP_F_BASIC_REJECT_REQUEUE].u;
-    if (requeue) /* in a transaction the requeue happens at commit */
-      return c->tx ? px_retry_requeue_tx(s, c, &m) : px_retry_requeue(s, c, &m);
+    if (requeue) /* in a transaction too: rebound's ack is the client's */
+      return px_retry_requeue(s, c, &m);
     if (px_track_client_method(s, c, &m))
       px_own_want(s);
     return PX_FORWARD;
@@ -544,6 +544,8 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
     *hold_chan = c; /* a requeue waiting for rebound's channel */
   if (id == AMQP_TX_SELECT)
     c->tx = true;
+  if (act == PX_FORWARD && (id == AMQP_TX_COMMIT || id == AMQP_TX_ROLLBACK))
+    px_retry_tx_end(s, c, id == AMQP_TX_ROLLBACK);
   if (id == AMQP_CONFIRM_SELECT && !c->track.confirm) {
     c->track.confirm = true;
     c->track.pub_seq = 1;

@@ -68,6 +68,12 @@
     "and acked by rebound")                                                    \
   X(late_settles_swallowed, "rebound_late_settles_swallowed_total", "counter", \
     "Client acks, nacks and rejects of timed-out deliveries, not passed on")   \
+  X(tx_rolled_back, "rebound_retries_rolled_back_total", "counter",            \
+    "Originals rebound acked for a retry inside a client's transaction that "  \
+    "its tx.rollback took back (copy and original both remain)")               \
+  X(counts_unreadable, "rebound_retry_counts_unreadable_total", "counter",     \
+    "Failures whose retry count header was not a non-negative integer, "       \
+    "counted as a first attempt")                                              \
   X(settles_split, "rebound_settles_split_total", "counter",                   \
     "Client multiple acks and nacks sent upstream around deliveries whose "    \
     "retry was waiting")                                                       \

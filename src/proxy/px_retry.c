@@ -53,6 +53,7 @@ typedef struct px_retry_op {
   bool returned;
   bool again; /* republished after a return: not republished twice */
   bool dead_letter;
+  uint32_t attempt;   /* the attempt that failed (1-based) */
   const char *reason; /* dead-letter reason (static), for metrics */
   char target[RETRY_NAME_MAX + 1];
   char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
@@ -118,6 +119,15 @@ static void list_add(char ***list, uint32_t *n, const char *name) {
     (*n)++;
 }
 
+static void list_remove(char ***list, uint32_t *n, const char *name) {
+  for (uint32_t i = 0; i < *n; i++)
+    if (strcmp((*list)[i], name) == 0) {
+      free((*list)[i]);
+      (*list)[i] = (*list)[--*n];
+      return;
+    }
+}
+
 static void list_free(char ***list, uint32_t *n) {
   for (uint32_t i = 0; i < *n; i++)
     free((*list)[i]);
@@ -176,6 +186,13 @@ static bool alt_type(const px_session *s, const char *name) {
   return in_list(s->srv->alt_types, s->srv->nalt_types, key);
 }
 
+/* Is `name` used as it is (px_server.as_is)? */
+static bool as_is(const px_session *s, const char *name) {
+  char key[RETRY_NAME_MAX + sizeof s->vhost + 24];
+  alt_key(s, name, key, sizeof key);
+  return in_list(s->srv->as_is, s->srv->nas_is, key);
+}
+
 /* Are `target`'s arguments those of a quorum queue? The policy's type,
  * unless the queue turned out to exist with the other. */
 static bool declare_quorum(const px_session *s, const retry_rule *rule,
@@ -199,7 +216,8 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
   amqp_writer w = amqp_writer_make(args, sizeof args);
   amqp_method m;
 
-  if (in_list(s->declared, s->ndeclared, plan->target))
+  if (in_list(s->declared, s->ndeclared, plan->target) ||
+      as_is(s, plan->target))
     return PX_OUT_OK;
   bool quorum = declare_quorum(s, rule, plan->target);
   if (alt_type(s, plan->target)) /* what a 406 to it then means */
@@ -460,6 +478,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->again = s->next_again;
   op->refused_ms = s->next_refused_ms;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
+  op->attempt = plan->attempt;
   op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
@@ -785,7 +804,7 @@ static int settle_below(px_session *s, px_chan *c, amqp_method *m,
       m->id == AMQP_BASIC_NACK && m->args[AMQP_F_BASIC_NACK_REQUEUE].u;
   int act = PX_FORWARD;
   if (requeue)
-    act = c->tx ? px_retry_requeue_tx(s, c, m) : px_retry_requeue(s, c, m);
+    act = px_retry_requeue(s, c, m);
   else
     px_track_client_method(s, c, m);
   if (act == PX_HOLD) { /* replayed later: rewritten again then */
@@ -898,6 +917,67 @@ static const char *failure_reason(const px_delivery *d) {
                                         : PX_DEAD_MAX_ATTEMPTS;
 }
 
+/* The count a failure is planned with. A count header that is not a
+ * non-negative integer (a publisher set it) cannot be trusted: the
+ * delivery counts as a first attempt, and its copy carries a count of
+ * rebound's, so the message still ends after max_attempts deliveries.
+ * Logged at warn, at most once per PX_LOG_LIMIT_MS. */
+static int64_t trusted_count(px_session *s, px_delivery *d, const char *q,
+                             const amqp_content_header *h) {
+  static uint64_t last_ms, unlogged;
+  int64_t n = count_header(s, h);
+  if (n != -2)
+    return n;
+  if (d->flags & PX_DLF_BAD_COUNT) /* tried again: counted already */
+    return -1;
+  d->flags |= PX_DLF_BAD_COUNT;
+  s->srv->stats.counts_unreadable++;
+  uint64_t now = uv_now(s->srv->loop);
+  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
+    unlogged++;
+    return -1;
+  }
+  px_warn("retry_count_unreadable", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("queue", q), PX_S("header", header_name(s->srv, 0)),
+          PX_U("unlogged", unlogged),
+          PX_S("action", "counted as the first attempt; the copy carries "
+                         "rebound's count"));
+  last_ms = now;
+  unlogged = 0;
+  return -1;
+}
+
+/* The tier a failure would go to cannot be declared (refused for good:
+ * another queue's arguments under both types, or no permission): the
+ * failure is dead-lettered now instead, with the reason tier-refused --
+ * an end, never a loop of uncounted requeues. false when the dead-letter
+ * queue cannot be named. */
+static bool tier_refused(px_session *s, const retry_rule *rule, const char *q,
+                         retry_plan *plan) {
+  char tier[RETRY_NAME_MAX + 1];
+  memcpy(tier, plan->target, plan->target_len + 1);
+  int n = retry_dlq_name(rule, q, strlen(q), plan->target, sizeof plan->target);
+  if (n < 0) {
+    memcpy(plan->target, tier, strlen(tier) + 1);
+    return false;
+  }
+  plan->target_len = (size_t)n;
+  plan->action = RETRY_DEAD_LETTER;
+  static uint64_t last_ms, unlogged;
+  uint64_t now = uv_now(s->srv->loop);
+  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
+    unlogged++;
+    return true;
+  }
+  px_warn("retry_tier_refused", PX_U("id", s->id), PX_S("peer", s->peer),
+          PX_S("queue", q), PX_S("tier", tier),
+          PX_S("action", "dead-lettered now"), PX_S("target", plan->target),
+          PX_U("unlogged", unlogged));
+  last_ms = now;
+  unlogged = 0;
+  return true;
+}
+
 /* Try to turn one delivery's failure into a copy. NULL when a copy is on
  * its way (the delivery is then RETRYING), else why not. */
 static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
@@ -913,7 +993,8 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
                                  &h) != AMQP_OK)
     return WHY(BAD_HEADER);
-  retry_decide(rule, q, strlen(q), count_header(s, &h), jitter_draw(), &plan);
+  retry_decide(rule, q, strlen(q), trusted_count(s, d, q, &h), jitter_draw(),
+               &plan);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);
@@ -921,6 +1002,11 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
              PX_S("reason", retry_pass_reason_str(plan.reason)));
     return retry_pass_reason_str(plan.reason);
   }
+  const char *reason = failure_reason(d);
+  if (plan.action == RETRY_REPUBLISH &&
+      in_list(s->broken, s->nbroken, plan.target) &&
+      tier_refused(s, rule, q, &plan))
+    reason = PX_DEAD_TIER_REFUSED;
   if (in_list(s->broken, s->nbroken, plan.target)) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, PX_PASS_REFUSED, NULL);
     return PX_PASS_REFUSED;
@@ -933,7 +1019,7 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
     return NULL;
   }
   bool dead = plan.action == RETRY_DEAD_LETTER;
-  int rc = start_copy(s, c, d, &h, &plan, is_reject, failure_reason(d),
+  int rc = start_copy(s, c, d, &h, &plan, is_reject, reason,
                       dead ? dead_masks : tier_masks);
   if (rc == COPY_TOO_LARGE)
     rc = dead_letter_oversize(s, c, d, rule, &h, is_reject);
@@ -1178,6 +1264,23 @@ static void requeue_range(px_chan *c, uint64_t tag, bool multiple,
 static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
                        bool is_reject, bool retry, const char *why);
 
+/* Does a requeue of deliveries [from, to) need rebound: a kept delivery
+ * (a copy), or one of a queue with a policy not kept, or of a queue
+ * rebound cannot name (held back for the tier delay)? Counts in
+ * `*uncached` those of intercepted queues not kept. */
+static bool requeue_any(px_chan *c, uint32_t from, uint32_t to,
+                        uint64_t *uncached) {
+  bool any = false;
+  for (uint32_t i = from; i < to; i++) {
+    const px_delivery *d = px_dl_at(&c->track, i);
+    any = any || d->state == PX_DL_CACHED ||
+          (d->state == PX_DL_UNCACHED &&
+           (d->rule || (d->flags & PX_DLF_NO_QUEUE)));
+    *uncached += d->rule && d->state == PX_DL_UNCACHED;
+  }
+  return any;
+}
+
 /* A client's nack/reject with requeue=1. Returns PX_FORWARD (nothing to
  * retry: the frame goes on as it is), PX_HOLD (it waits for rebound's
  * channel to reopen) or PX_DROP (replaced by retries and, for deliveries
@@ -1191,15 +1294,8 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   uint32_t from, to;
 
   requeue_range(c, tag, multiple, &from, &to);
-  bool any = false;
   uint64_t uncached = 0; /* of intercepted queues, over the cache bound */
-  for (uint32_t i = from; i < to; i++) {
-    px_delivery *d = px_dl_at(t, i);
-    /* a delivery of a queue rebound cannot name is held back too */
-    any = any || d->state == PX_DL_CACHED ||
-          (d->state == PX_DL_UNCACHED && (d->flags & PX_DLF_NO_QUEUE));
-    uncached += d->rule && d->state == PX_DL_UNCACHED;
-  }
+  bool any = requeue_any(c, from, to, &uncached);
   bool reopening =
       s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
   if (any && reopening && !(multiple && t->lost) && c->state == PX_CH_OPEN &&
@@ -1261,24 +1357,16 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
   return PX_DROP;
 }
 
-int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m) {
-  bool is_reject = m->id == AMQP_BASIC_REJECT;
-  uint64_t tag = is_reject ? m->args[AMQP_F_BASIC_REJECT_DELIVERY_TAG].u
-                           : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
-  bool multiple = !is_reject && m->args[AMQP_F_BASIC_NACK_MULTIPLE].u;
-  uint32_t from, to;
-  bool any = false;
-  requeue_range(c, tag, multiple, &from, &to);
-  for (uint32_t i = from; i < to && !any; i++)
-    any = px_dl_at(&c->track, i)->rule != NULL;
-  if (!any || (multiple && c->track.lost) || c->state != PX_CH_OPEN) {
-    count_requeued(s, c, from, to);
-    px_track_settle(s, c, tag, multiple);
-    return PX_FORWARD;
+void px_retry_tx_end(px_session *s, px_chan *c, bool rollback) {
+  if (rollback && c->tx_acked) {
+    s->srv->stats.tx_rolled_back += c->tx_acked;
+    px_warn("retry_rolled_back", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_U("channel", c->client_ch), PX_U("originals", c->tx_acked),
+            PX_S("note", "tx.rollback took back rebound's acks of retried "
+                         "deliveries: their copies are in their tiers and "
+                         "the originals are the client's again"));
   }
-  /* the requeue happens at commit; held back, it still comes before the
-   * commit (the channel's later frames wait behind it) */
-  return defer_range(s, c, from, to, is_reject, false, WHY(IN_TX));
+  c->tx_acked = 0;
 }
 
 /* ---- the broker's answers --------------------------------------------------
@@ -1314,6 +1402,24 @@ static void timed_out(px_session *s, const px_retry_op *op,
                          "settle of it will be swallowed"));
 }
 
+/* Every dead letter at info: which queue, which message, why, after how
+ * many attempts, where it went. */
+static void log_dead_lettered(px_session *s, const px_retry_op *op,
+                              const px_delivery *d, uint64_t us) {
+  amqp_content_header h;
+  amqp_bytes id = {NULL, 0};
+  if (d && d->header_len &&
+      amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
+                                 &h) == AMQP_OK &&
+      (h.props.flags & AMQP_P_MESSAGE_ID))
+    id = h.props.message_id;
+  px_info("dead_lettered", PX_U("id", s->id), PX_S("queue", op->queue),
+          PX_B("message_id", id.ptr, id.len), PX_S("reason", op->reason),
+          PX_U("attempts", op->attempt), PX_S("target", op->target),
+          PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+          PX_U("latency_us", us));
+}
+
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
   uint64_t us = now_us() - op->started_us;
@@ -1340,17 +1446,18 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
                    op->dead_letter ? PX_QC_DEAD_LETTERED : PX_QC_RETRIED);
     if (op->dead_letter) {
       px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
-      px_debug("dead_lettered", PX_U("id", s->id),
-               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
-               PX_S("target", op->target), PX_S("reason", op->reason),
-               PX_U("latency_us", us));
+      s->srv->stats.dead_lettered_total++;
+      log_dead_lettered(s, op, d, us);
     } else {
       px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
+      s->srv->stats.retried_total++;
       px_debug("retry_published", PX_U("id", s->id),
                PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
                PX_S("target", op->target), PX_U("latency_us", us));
     }
     px_track_settle(s, c, op->tag, false);
+    if (c->tx)
+      c->tx_acked++; /* the client's commit makes it so */
   } else if (timeout) {
     timeout_abandoned(s, c, d, why);
   } else {
@@ -1482,6 +1589,13 @@ void px_retry_returned(px_session *s, amqp_bytes routing_key) {
     }
   }
   /* the queue is gone: declare it again next time */
+  char key[RETRY_NAME_MAX + sizeof s->vhost + 24], name[RETRY_NAME_MAX + 1];
+  if (routing_key.len <= RETRY_NAME_MAX) {
+    memcpy(name, routing_key.ptr, routing_key.len);
+    name[routing_key.len] = '\0';
+    alt_key(s, name, key, sizeof key);
+    list_remove(&s->srv->as_is, &s->srv->nas_is, key);
+  }
   for (uint32_t i = 0; i < s->ndeclared; i++)
     if (amqp_bytes_eq(routing_key, amqp_cstr(s->declared[i]))) {
       free(s->declared[i]);
@@ -1506,15 +1620,6 @@ static bool closed_queue(amqp_bytes text, char *q) {
   memcpy(q, name, (size_t)(end - name));
   q[end - name] = '\0';
   return true;
-}
-
-static void list_remove(char ***list, uint32_t *n, const char *name) {
-  for (uint32_t i = 0; i < *n; i++)
-    if (strcmp((*list)[i], name) == 0) {
-      free((*list)[i]);
-      (*list)[i] = (*list)[--*n];
-      return;
-    }
 }
 
 /* A declare refused with 406: the queue exists with other arguments. It
@@ -1548,6 +1653,31 @@ static bool adapt_type(px_session *s, const char *q) {
   return true;
 }
 
+/* A dead-letter queue refused with 406 under both queue types exists all
+ * the same (an operator's, with other arguments): dead letters go to it as
+ * it is from now on, by every connection to the vhost. (A tier is not used
+ * that way: one without its TTL and route back would keep its copies.)
+ * true when learnt (the copy is tried again). */
+static bool use_as_is(px_session *s, const char *q) {
+  px_server *srv = s->srv;
+  char key[RETRY_NAME_MAX + sizeof s->vhost + 24];
+  alt_key(s, q, key, sizeof key);
+  if (in_list(srv->as_is, srv->nas_is, key))
+    return true;
+  if (srv->nas_is >= PX_ALT_TYPES_MAX)
+    return false;
+  list_add(&srv->as_is, &srv->nas_is, key);
+  if (!in_list(srv->as_is, srv->nas_is, key))
+    return false; /* out of memory */
+  srv->stats.topology_errors++;
+  px_warn("retry_queue_used_as_is", PX_U("id", s->id), PX_S("vhost", s->vhost),
+          PX_S("queue", q),
+          PX_S("note", "the dead-letter queue exists with arguments other "
+                       "than rebound's (either queue type): dead letters go "
+                       "to it as it is"));
+  return true;
+}
+
 /* rebound's channel was closed by the broker: every copy in flight falls
  * back (those not enqueued are tried again once it is ready). A declare
  * refused for good (403, 405, or 406 under both queue types) names its
@@ -1568,7 +1698,9 @@ bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   if (named && (code == AMQP_REPLY_PRECONDITION_FAILED ||
                 code == AMQP_REPLY_ACCESS_REFUSED ||
                 code == AMQP_REPLY_RESOURCE_LOCKED)) {
-    adapted = code == AMQP_REPLY_PRECONDITION_FAILED && adapt_type(s, q);
+    adapted = code == AMQP_REPLY_PRECONDITION_FAILED &&
+              (adapt_type(s, q) ||
+               (k < s->ops.n && op_at(s, k)->dead_letter && use_as_is(s, q)));
     if (!adapted) {
       list_add(&s->broken, &s->nbroken, q);
       s->srv->stats.topology_errors++;

@@ -15,12 +15,15 @@
 #include "px_session.h"
 
 /* A client's nack/reject with requeue=1: PX_FORWARD (nothing to retry),
- * PX_HOLD (it waits for rebound's channel) or PX_DROP (replaced). */
+ * PX_HOLD (it waits for rebound's channel) or PX_DROP (replaced). Inside
+ * a transaction the same: rebound's ack of the original goes on the
+ * client's channel, so it takes effect at the client's tx.commit (which
+ * waits behind it); a tx.rollback takes it back (px_retry_tx_end()). */
 int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m);
-/* The same inside a transaction: delayed like any requeue rebound cannot
- * retry. PX_DROP when it is held back, PX_FORWARD when it goes on as it
- * is (no intercepted delivery). */
-int px_retry_requeue_tx(px_session *s, px_chan *c, const amqp_method *m);
+/* tx.commit or tx.rollback from the client on a transactional channel:
+ * a rollback that takes back rebound's acks of retried originals leaves
+ * both the copy and the original (logged at warn, counted). */
+void px_retry_tx_end(px_session *s, px_chan *c, bool rollback);
 
 /* Copy every delivery held past its policy's processing_timeout (the
  * retry path; the original is acked once the copy is confirmed).

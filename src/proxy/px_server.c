@@ -284,8 +284,28 @@ static void on_probe_timer(uv_timer_t *t) {
 
 /* Stuck deliveries and processing timeouts, also while --drain-client-wait
  * lets the clients work on; not once they are told to go. */
+/* Retries at info, as a summary: at most one line per PX_LOG_LIMIT_MS,
+ * with the copies confirmed into tiers and dead-letter queues since the
+ * last one (each copy has its own line at debug; each dead letter at
+ * info). */
+static void log_retry_summary(px_server *srv) {
+  uint64_t now = uv_now(srv->loop);
+  uint64_t r = srv->stats.retried_total, d = srv->stats.dead_lettered_total;
+  if (now - srv->summary.at_ms < PX_LOG_LIMIT_MS ||
+      (r == srv->summary.retried && d == srv->summary.dead_lettered))
+    return;
+  px_info("retry_summary", PX_U("retried", r - srv->summary.retried),
+          PX_U("dead_lettered", d - srv->summary.dead_lettered),
+          PX_U("since_ms", now - srv->summary.at_ms), PX_U("retried_total", r),
+          PX_U("dead_lettered_total", d));
+  srv->summary.at_ms = now;
+  srv->summary.retried = r;
+  srv->summary.dead_lettered = d;
+}
+
 static void on_janitor(uv_timer_t *t) {
   px_server *srv = t->data;
+  log_retry_summary(srv); /* the drain's last copies too */
   if ((srv->draining && !srv->client_wait) || srv->stopped)
     return;
   px_view_check(srv);
@@ -711,6 +731,11 @@ void px_server_free(px_server *srv) {
   free(srv->alt_types);
   srv->alt_types = NULL;
   srv->nalt_types = 0;
+  for (uint32_t i = 0; i < srv->nas_is; i++)
+    free(srv->as_is[i]);
+  free(srv->as_is);
+  srv->as_is = NULL;
+  srv->nas_is = 0;
   if (srv->argv)
     free((px_config *)srv->cfg);
   srv->cfg = NULL;
@@ -814,6 +839,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   srv->probe_timer.data = srv;
   if (cfg->worker == 0) /* /readyz is worker 0's */
     uv_timer_start(&srv->probe_timer, on_probe_timer, 0, PX_PROBE_INTERVAL_MS);
+  srv->summary.at_ms = uv_now(loop) - PX_LOG_LIMIT_MS; /* the first at once */
   uv_timer_init(loop, &srv->janitor_timer);
   srv->janitor_timer.data = srv;
   uv_timer_start(&srv->janitor_timer, on_janitor, PX_JANITOR_MS, PX_JANITOR_MS);

@@ -51,7 +51,11 @@ typedef struct px_stats {
   uint64_t processing_timeouts;       /* deliveries rebound acked for it */
   uint64_t late_settles_swallowed;    /* client settles of those */
   uint64_t settles_split; /* multiple settles sent around waiting retries */
-  uint64_t consumer_lost; /* deliveries counted for it */
+  uint64_t retried_total; /* copies confirmed into a tier */
+  uint64_t dead_lettered_total; /* ... into a dead-letter queue */
+  uint64_t tx_rolled_back;      /* rebound's acks a tx.rollback undid */
+  uint64_t counts_unreadable;   /* count headers not an integer >= 0 */
+  uint64_t consumer_lost;       /* deliveries counted for it */
 } px_stats;
 
 #define PX_HIST_BUCKETS 13
@@ -92,6 +96,10 @@ typedef struct px_server {
   /* The clock in microseconds, read once per loop iteration
    * (px_server_now_us()) */
   uint64_t now_us, now_at_ms;
+  /* the last retry_summary line: when, and the totals it gave */
+  struct {
+    uint64_t at_ms, retried, dead_lettered;
+  } summary;
   const px_config *cfg;
   uv_tcp_t *listener;     /* heap: a reload may replace it; NULL once closed
                              (or --listen off) */
@@ -160,6 +168,11 @@ typedef struct px_server {
    * on, by every connection); at most PX_ALT_TYPES_MAX names */
   char **alt_types;
   uint32_t nalt_types;
+  /* tier and dead-letter queues ("vhost-length:vhost/name") that exist
+   * with arguments rebound's declare does not match under either queue
+   * type: copies go to them as they are, undeclared */
+  char **as_is;
+  uint32_t nas_is;
   char upstream_err[384];     /* why not, for /readyz */
   px_dial_memory dial_memory; /* upstreams that failed lately */
   /* --workers (px_workers.h): the other processes (worker 0) or the

@@ -251,7 +251,6 @@ typedef struct px_session {
    * dispatched (its amqp_frame has payload.ptr NULL and the whole length;
    * px_frames.h) */
   amqp_bytes split[2];
-  bool warned_uncached;
   /* client channels whose requeue waits for rebound's channel to reopen */
   struct {
     uint16_t ch;

@@ -56,18 +56,36 @@ void px_track_release(px_session *s, px_delivery *d) {
   d->tag = tag; /* the ring stays sorted by tag */
 }
 
-static void uncache(px_session *s, px_delivery *d, const char *why) {
+/* A delivery whose content cannot be kept (`header`: its content header):
+ * counted by queue and logged with its message id, at most one line per
+ * PX_LOG_LIMIT_MS (with how many were not logged). Its names stay, for
+ * the delayed requeue's log line. */
+static void uncache(px_session *s, px_delivery *d, const char *why,
+                    amqp_bytes header) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = px_server_now_us(s->srv) / 1000;
+  amqp_content_header h;
+  amqp_bytes id = {NULL, 0};
   s->srv->stats.uncached_deliveries++;
-  if (!s->warned_uncached) {
-    s->warned_uncached = true;
+  px_metrics_inc(s->srv, PX_M_NOT_KEPT, d->names, why);
+  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
+    unlogged++;
+  } else {
+    if (amqp_content_header_decode(header, &h) == AMQP_OK &&
+        (h.props.flags & AMQP_P_MESSAGE_ID))
+      id = h.props.message_id;
     px_warn("delivery_not_cached", PX_U("id", s->id), PX_S("peer", s->peer),
-            PX_S("queue", d->names), PX_S("reason", why),
-            PX_U("cache_bytes", s->cache_bytes),
-            PX_S("note", "its nack passes through; logged once per "
-                         "connection"));
+            PX_S("queue", d->names), PX_B("message_id", id.ptr, id.len),
+            PX_U("delivery_tag", d->tag), PX_S("reason", why),
+            PX_U("cache_bytes", s->cache_bytes), PX_U("unlogged", unlogged),
+            PX_S("note", "not kept for a retry: its requeue goes to the "
+                         "broker after the tier delay, uncounted"));
+    last_ms = now;
+    unlogged = 0;
   }
-  free(d->names);
-  d->names = NULL;
+  char *names = realloc(d->names, d->names_len); /* the content's room */
+  if (names)
+    d->names = names;
   d->state = PX_DL_UNCACHED;
 }
 
@@ -274,7 +292,8 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     bool too_large = body > UINT32_MAX - f->payload.len;
     uint64_t need = too_large ? 0 : f->payload.len + body;
     if (too_large || !cache_reserve(s, need)) {
-      uncache(s, d, too_large ? "message too large" : "cache bound reached");
+      uncache(s, d, too_large ? PX_NOT_KEPT_LARGE : PX_NOT_KEPT_BOUND,
+              f->payload);
       t->capture = 0;
       return;
     }
@@ -287,7 +306,7 @@ void px_track_content(px_session *s, px_chan *c, const amqp_frame *f) {
     t->content_hint = need < PX_CONTENT_HINT_MAX ? (uint32_t)need : 0;
     if (!all) {
       cache_unreserve(s, need);
-      uncache(s, d, "out of memory");
+      uncache(s, d, PX_NOT_KEPT_MEMORY, f->payload);
       t->capture = 0;
       return;
     }

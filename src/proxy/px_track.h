@@ -66,8 +66,10 @@ enum {
   PX_DLF_TIMING_OUT = 8,     /* its copy is for a processing timeout: a
                                 failure leaves it with the client, success
                                 swallows the client's settle */
-  PX_DLF_NO_QUEUE = 16       /* its queue is not known: its requeue passes
+  PX_DLF_NO_QUEUE = 16,      /* its queue is not known: its requeue passes
                                 through, delayed and counted */
+  PX_DLF_BAD_COUNT = 32      /* its count header was found unreadable (and
+                                counted, logged) */
 };
 
 /* 64 bytes: a kept delivery costs this, its ring slot, and one

@@ -300,8 +300,8 @@ static void test_nack_multiple_mixed(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
-/* A nack of an uncached delivery alone passes through unchanged (README:
- * "deliveries over the cache bounds pass through unchanged"). */
+/* A nack of an uncached delivery alone goes to the broker unchanged, but
+ * only after the tier delay: never an immediate, uncounted requeue. */
 static void test_nack_uncached_alone(void **state) {
   static const char *const args[] = {POLICY, "--cache-per-connection", "100",
                                      NULL};
@@ -310,9 +310,13 @@ static void test_nack_uncached_alone(void **state) {
   deliver(h, 1, BIG, sizeof BIG);
   assert_int_equal(h->srv.stats.uncached_deliveries, 1);
   h_nack(h, H_CLIENT, 1, 1, false, true);
-  h_expect(h, H_BROKER, "ch1 basic.nack tag=1 multiple=0 requeue=1");
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(snap(h).requeues_delayed, 1);
+  h_expect_within(h, H_BROKER, 5000,
+                  "ch1 basic.nack tag=1 multiple=0 requeue=1");
   h_expect_none(h, H_BROKER);
   assert_int_equal(h->srv.stats.uncached_nacks, 1);
+  assert_int_equal(h_metric(h, PX_M_DELAYED, "delivery not kept", NULL), 1);
 }
 
 /* ---- 6. a channel's frames wait behind its copy, in order -------------- */

@@ -129,7 +129,8 @@ def test_a_queues_retry_series_exist_at_zero_once_seen(rebound_factory,
     v = metrics(rb.admin_port)
     assert queue_series(v, retries, q) == {r("100ms"): 0, r("2s"): 0}
     assert queue_series(v, dead, q) == {
-        d("max-attempts"): 0, d("consumer-lost"): 0, d("frame-max"): 0}
+        d("max-attempts"): 0, d("consumer-lost"): 0, d("frame-max"): 0,
+        d("tier-refused"): 0}
     assert not queue_series(v, retries, other)
     assert not queue_series(v, dead, other)
     cfg.write_text(ZERO_POLICY % (q, "100ms, 2s, 5s", "1m"))
@@ -320,7 +321,7 @@ def test_metric_families_follow_the_conventions(rebound_factory):
                if k.startswith("rebound_retry_requeues_delayed_total{")}
     assert set(delayed) == set(COPY_FAILURES) | {
         "delivery not kept", "content header does not decode",
-        "copy could not be built", "in a transaction",
+        "copy could not be built",
         "broker blocks publishing", "rebound's channel not ready",
         "no policy for the queue", "server-named queue (amq.*)",
         "tier or dead-letter name over 255 bytes",
@@ -389,8 +390,9 @@ def test_latency_histograms_match_traffic(rebound_factory, broker):
 
 
 def test_uncached_nack_counted_and_malformed_http(rebound_factory, broker):
-    """A delivery over the cache bound: its nack passes through and is
-    counted; a malformed request to the admin endpoint gets 400."""
+    """A delivery over the cache bound: its nack goes to the broker after
+    the tier delay and is counted, by queue; a malformed request to the
+    admin endpoint gets 400."""
     import socket
     rb = admin_rebound(rebound_factory, "--cache-per-connection", "1KiB",
                        "--retry-queues", "rbt-uncached*")
@@ -401,12 +403,19 @@ def test_uncached_nack_counted_and_malformed_http(rebound_factory, broker):
     ch.basic_publish("", q, b"x" * 4096)  # bigger than the whole bound
     m, _, _ = ch.basic_get(q)
     ch.basic_nack(m.delivery_tag, requeue=True)
-    m, _, _ = ch.basic_get(q)  # requeued by the broker at once
+    t0 = time.monotonic()
+    # the get waits behind the requeue, held for the tier delay (1 s)
+    m, _, _ = ch.basic_get(q)
     assert m is not None and m.redelivered
+    assert time.monotonic() - t0 >= 0.95
     ch.basic_ack(m.delivery_tag)
     v = metrics(rb.admin_port)
     assert v["rebound_uncached_nacks_total"] == 1
     assert v["rebound_uncached_deliveries_total"] == 2
+    assert v['rebound_deliveries_not_kept_total{queue="%s",'
+             'reason="cache bound reached"}' % q] == 2
+    assert v['rebound_retry_requeues_delayed_total'
+             '{reason="delivery not kept"}'] == 1
     conn.close()
     s = socket.create_connection(("127.0.0.1", rb.admin_port), timeout=5)
     s.sendall(b"GET / HTTP/1.1\r\nHost x\r\n\r\n")

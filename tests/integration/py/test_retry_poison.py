@@ -118,3 +118,41 @@ def test_poison_empty_and_multi_frame_bodies(rebound_factory, broker, ctl,
     assert p.headers["rebound-retry-count"] == 3
     cons.cancel()
     conn.close()
+
+
+def test_info_log_shows_dead_letters_and_a_retry_summary(rebound_factory,
+                                                         broker, ctl, direct):
+    """At the default log level a user sees what rebound did: one
+    dead_lettered line per dead letter (queue, message id, reason,
+    attempts, where it went) and a retry_summary of the copies, not only
+    session_open/session_close. Per-copy lines stay at debug."""
+    rb = rebound_factory("--log-level", "info", "--retry-tiers", "200ms",
+                         "--max-attempts", "3")
+    q = direct.own(rbtest.uniq("info-log"))
+    direct.ch.queue_declare(q, durable=True)
+    direct.publish(q, b"poison", pika.BasicProperties(message_id="order-42",
+                                                      delivery_mode=2))
+    conn = rb.pika(broker)
+    cons = PoisonConsumer(conn, conn.channel(), q)
+    cons.wait(3, 20)
+    dead = rb.wait_log("dead_lettered", timeout=10)
+    assert (dead["level"], dead["queue"], dead["message_id"], dead["reason"],
+            dead["attempts"], dead["target"]) == \
+        ("info", q, "order-42", "max-attempts", "3", dlq(q)), dead
+    summary = rb.wait_log("retry_summary", timeout=5)
+    assert summary["level"] == "info" and int(summary["retried"]) >= 1, \
+        summary
+    cons.cancel()
+    conn.close()
+    rbtest.wait_until(
+        lambda: sum(int(ln["retried"]) for ln in
+                    rb.log_lines("retry_summary")) == 2 and
+        sum(int(ln["dead_lettered"]) for ln in
+            rb.log_lines("retry_summary")) == 1,
+        15, lambda: "the summaries to add up to 2 retries and 1 dead letter "
+        "(%r)" % rb.log_lines("retry_summary"))
+    assert rb.log_lines("retry_published") == []
+    assert all(ln["level"] != "debug" for ln in
+               map(rbtest.logfmt_parse, rb.log().splitlines()) if ln), \
+        "debug lines at --log-level info"
+    wait_counts(ctl, {q: (0, 0), dlq(q): (1, 0)})
