@@ -313,11 +313,17 @@ def test_hostile_queue_names_in_retries(rebound_factory, broker, ctl, direct,
     for q in (q1, q2):
         ch.basic_consume(q, on_message)
         ch.basic_publish("", q, q.encode(), mandatory=True)
-    # q1: back from its tier after 1s; q2: requeued by the fallback. q2's
-    # tier is declared only once q1's copy is confirmed, so its refusal
-    # (which closes rebound's channel) costs q1 nothing
-    pump(conn, lambda: seen[q1] == 2 and seen[q2] == 2, 20,
-         lambda: "two deliveries of each queue (seen %r)" % seen)
+    # q1: back from its tier after 1s; q2: dead-lettered, its tier refused.
+    # q2's tier is declared only once q1's copy is confirmed, so its
+    # refusal (which closes rebound's channel) costs q1 nothing
+    pump(conn, lambda: seen[q1] == 2, 20,
+         lambda: "two deliveries of q1 (seen %r)" % seen)
+    d = wait_line(rb, fmt, "dead_lettered")
+    assert d["queue"] == shown(fmt, q2) and d["target"] == \
+        shown(fmt, dlq(q2)) and d["reason"] == shown(fmt, "tier-refused"), d
+    assert seen[q2] == 1, seen
+    d = wait_line(rb, fmt, "retry_tier_refused")
+    assert d["tier"] == shown(fmt, pre), d
 
     d = wait_line(rb, fmt, "retry_published")
     assert d["target"] == shown(fmt, tier(q1, "1s")), d

@@ -65,14 +65,21 @@ def no_blank_queues(broker, ctl):
     conn.close()
 
 
-def test_consume_empty_name_after_a_named_declare(rebound_factory, broker, ctl,
-                                                  direct):
+def declared_with_a_message(rebound_factory, broker, direct):
+    """rebound, and a pika channel through it that declared a queue (by
+    name) holding one message: (rebound, queue, connection, channel)."""
     rb = rebound_factory(*TIERS)
     q = direct.own(rbtest.uniq("ident"))
     conn = rb.pika(broker)
     ch = conn.channel()
     ch.queue_declare(q, durable=True)
     ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+    return rb, q, conn, ch
+
+
+def test_consume_empty_name_after_a_named_declare(rebound_factory, broker, ctl,
+                                                  direct):
+    rb, q, conn, ch = declared_with_a_message(rebound_factory, broker, direct)
     counts = consume_once(conn, ch, "", 2)
     conn.close()
     # attempt 1, 2 failed into the real queue's tier, attempt 3 acked
@@ -84,15 +91,10 @@ def test_consume_empty_name_after_a_named_declare(rebound_factory, broker, ctl,
 
 def test_get_empty_name_after_a_named_declare(rebound_factory, broker, ctl,
                                               direct):
-    rb = rebound_factory(*TIERS)
-    q = direct.own(rbtest.uniq("ident"))
-    conn = rb.pika(broker)
-    ch = conn.channel()
-    ch.queue_declare(q, durable=True)
-    ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+    rb, q, conn, ch = declared_with_a_message(rebound_factory, broker, direct)
     got = []
-    deadline = rbtest.time.monotonic() + 20
-    while len(got) < 2 and rbtest.time.monotonic() < deadline:
+    deadline = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < deadline:
         m, props, _ = ch.basic_get("")
         if m is None:
             conn.sleep(0.05)
