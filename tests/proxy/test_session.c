@@ -362,6 +362,39 @@ static void test_held_frames_in_order(void **state) {
   h_expect_none(h, H_CLIENT);
 }
 
+/* A consume naming "" takes the channel's last declared queue: a
+ * server-named one pipelined before it is named by its declare-ok, so the
+ * delivery's copy goes to that queue's tier, never to ".retry.1s". */
+static void test_consume_of_the_last_declared_queue(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  amqp_method m;
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  hbuf *b = h_buf(h);
+  amqp_method_init(&m, AMQP_QUEUE_DECLARE);
+  hb_method(b, 1, &m); /* queue "": server-named */
+  amqp_method_init(&m, AMQP_BASIC_CONSUME);
+  m.args[AMQP_F_BASIC_CONSUME_CONSUMER_TAG].b = amqp_cstr("c1");
+  hb_method(b, 1, &m); /* queue "": the last declared */
+  h_sendb(h, H_CLIENT, b);
+  h_skip_until(h, H_BROKER, "ch1 basic.consume *");
+  amqp_method_init(&m, AMQP_QUEUE_DECLARE_OK);
+  m.args[AMQP_F_QUEUE_DECLARE_OK_QUEUE].b = amqp_cstr("q");
+  hb_method(b, 1, &m);
+  amqp_method_init(&m, AMQP_BASIC_CONSUME_OK);
+  m.args[AMQP_F_BASIC_CONSUME_OK_CONSUMER_TAG].b = amqp_cstr("c1");
+  hb_method(b, 1, &m);
+  h_sendb(h, H_BROKER, b);
+  h_skip_until(h, H_CLIENT, "ch1 basic.consume-ok ctag=c1*");
+  deliver(h, 1, "hello", 5);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  expect_copy(h, true, 5);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+}
+
 /* An ack multiple=1 that covers a delivery whose copy waits for its
  * confirm goes upstream at once, around it: one multiple ack below it,
  * single acks above it; the waiting one is acked by rebound once its copy
@@ -1467,6 +1500,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_nack_uncached_alone, teardown),
       cmocka_unit_test_teardown(test_held_frames_in_order, teardown),
       cmocka_unit_test_teardown(test_ack_multiple_split_around_a_retry,
+                                teardown),
+      cmocka_unit_test_teardown(test_consume_of_the_last_declared_queue,
                                 teardown),
       cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
       cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
