@@ -30,14 +30,21 @@ pkgs=("${build_pkgs[@]}")
 # The admin page's browser test drives Debian's chromium through
 # playwright-core (npm, pinned by tests/integration/web/package-lock.json;
 # no browser download).
+# The Node.js AMQP client the integration tests drive (npm, pinned by
+# tests/integration/node/package-lock.json) comes the same way.
 web_modules() {
   [ "$mode" != all ] && return 0
-  local web
-  web="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/web"
-  [ -d "$web/node_modules/playwright-core" ] && return 0
-  echo "setup: npm ci in tests/integration/web"
-  (cd "$web" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit \
-    --no-fund --loglevel=error)
+  local tests
+  tests="$(cd "$(dirname "$0")/.." && pwd)/tests/integration"
+  if [ ! -d "$tests/web/node_modules/playwright-core" ]; then
+    echo "setup: npm ci in tests/integration/web"
+    (cd "$tests/web" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit \
+      --no-fund --loglevel=error)
+  fi
+  if [ ! -d "$tests/node/node_modules/rabbitmq-client" ]; then
+    echo "setup: npm ci in tests/integration/node"
+    (cd "$tests/node" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 }
 
 missing=()

@@ -7,7 +7,10 @@ copy to a tier named after "" (".retry.1s", whose messages never come
 back).
 
 Real pika clients through rebound against the real broker."""
+import json
+import os
 import struct
+import subprocess
 import time
 import urllib.request
 
@@ -270,4 +273,34 @@ def test_no_wait_server_named_declare_is_a_counted_pass_through(
     assert 'rebound_retry_passthrough_total{reason="%s"} 1' % reason in body
     assert 'rebound_retry_requeues_delayed_total{reason="%s"} 1' % reason \
         in body
+    assert blank_topology(ctl) == []
+
+
+# ---- the client that does this: npm's rabbitmq-client ----------------------
+
+NODE_DIR = os.path.join(rbtest.REPO, "tests", "integration", "node")
+
+
+def test_rabbitmq_client_server_named_consumer(rebound_factory, broker, ctl):
+    """rabbitmq-client declares a server-named queue and consumes it as "".
+    Its requeue comes back (a delayed pass-through: the queue is amq.gen-*),
+    never copied to a tier named after ""."""
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules",
+                                      "rabbitmq-client")):
+        pytest.fail("tests/integration/node has no node_modules: run "
+                    "scripts/setup.sh")
+    rb = rebound_factory(*TIERS)
+    p = subprocess.run(["node", os.path.join(NODE_DIR,
+                                             "server_named_requeue.mjs"),
+                        rb.url(broker)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, (p.stdout, p.stderr[-2000:])
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    first, second = out["deliveries"]
+    assert out["queue"].startswith("amq.gen-"), out
+    assert (first["redelivered"], second["redelivered"]) == (False, True), out
+    assert second["t"] - first["t"] >= 1000 - 1000 * EARLY, out
+    passes = rb.log_lines("retry_pass")
+    assert [q["queue"] for q in passes] == [out["queue"]], passes
+    assert rb.log_lines("retry_published") == []
     assert blank_topology(ctl) == []

@@ -46,4 +46,10 @@ def test_see_a_retry_happen(rebound_factory, direct):
         "delivery with rebound-retry-count 1 - nack, requeue",
         "delivery with rebound-retry-count 2 - nack, requeue",
         "in demo.dlq: 1"], run.stdout
-    assert len(rb.log_lines("dead_lettered", target="demo.dlq")) == 1, rb.log()
+    # what the README says rebound's terminal shows (both at info)
+    dead = rb.log_lines("dead_lettered", target="demo.dlq")
+    assert [(d["level"], d["queue"], d["reason"], d["attempts"])
+            for d in dead] == [("info", "demo", "max-attempts", "3")], dead
+    summary = rb.log_lines("retry_summary")
+    assert summary and summary[0]["level"] == "info" and \
+        int(summary[0]["retried"]) >= 1, summary
