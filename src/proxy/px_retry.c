@@ -128,6 +128,20 @@ static void list_remove(char ***list, uint32_t *n, const char *name) {
     }
 }
 
+/* Tier and dead-letter queues known to exist with the other type than
+ * their policy's (px_server.alt_types), or to be used as they are
+ * (px_server.as_is): at most this many names each. */
+#define PX_ALT_TYPES_MAX 4096
+
+/* Add `name` to a list of at most PX_ALT_TYPES_MAX names; false when it
+ * is full or out of memory. */
+static bool list_add_bounded(char ***list, uint32_t *n, const char *name) {
+  if (*n >= PX_ALT_TYPES_MAX)
+    return false;
+  list_add(list, n, name);
+  return in_list(*list, *n, name);
+}
+
 static void list_free(char ***list, uint32_t *n) {
   for (uint32_t i = 0; i < *n; i++)
     free((*list)[i]);
@@ -169,10 +183,6 @@ static bool emit_settle(px_session *s, px_chan *c, uint32_t id, uint64_t tag,
 }
 
 static const retry_rule *delivery_rule(px_session *s, const px_delivery *d);
-
-/* Tier and dead-letter queues known to exist with the other type than
- * their policy's (px_server.alt_types). */
-#define PX_ALT_TYPES_MAX 4096
 
 /* The key of a queue in px_server.alt_types: its vhost and name. */
 static void alt_key(const px_session *s, const char *name, char *out,
@@ -1641,11 +1651,8 @@ static bool adapt_type(px_session *s, const char *q) {
     list_remove(&srv->alt_types, &srv->nalt_types, key);
     return false;
   }
-  if (srv->nalt_types >= PX_ALT_TYPES_MAX)
+  if (!list_add_bounded(&srv->alt_types, &srv->nalt_types, key))
     return false;
-  list_add(&srv->alt_types, &srv->nalt_types, key);
-  if (!in_list(srv->alt_types, srv->nalt_types, key))
-    return false; /* out of memory */
   px_info("retry_queue_type_adapted", PX_U("id", s->id),
           PX_S("vhost", s->vhost), PX_S("queue", q),
           PX_S("note", "the queue exists with other arguments: declared "
@@ -1664,11 +1671,8 @@ static bool use_as_is(px_session *s, const char *q) {
   alt_key(s, q, key, sizeof key);
   if (in_list(srv->as_is, srv->nas_is, key))
     return true;
-  if (srv->nas_is >= PX_ALT_TYPES_MAX)
+  if (!list_add_bounded(&srv->as_is, &srv->nas_is, key))
     return false;
-  list_add(&srv->as_is, &srv->nas_is, key);
-  if (!in_list(srv->as_is, srv->nas_is, key))
-    return false; /* out of memory */
   srv->stats.topology_errors++;
   px_warn("retry_queue_used_as_is", PX_U("id", s->id), PX_S("vhost", s->vhost),
           PX_S("queue", q),
