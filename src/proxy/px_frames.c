@@ -463,7 +463,17 @@ static bool may_split(const px_chan *c, const amqp_method *m) {
   uint64_t tag = ack ? m->args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u
                      : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
   const px_delivery *d = tag ? px_track_find((px_chan *)c, tag) : NULL;
-  return d && d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED;
+  if (!d || d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED)
+    return false;
+  /* a copy rebound makes for a processing timeout is not the client's
+   * settle: the client's ack of it must not be dropped */
+  for (uint32_t i = 0, n = px_track_upto(c, tag); i < n; i++) {
+    const px_delivery *w = px_dl_at(&c->track, i);
+    if ((w->flags & PX_DLF_TIMING_OUT) &&
+        (w->state == PX_DL_RETRYING || w->state == PX_DL_DEFERRED))
+      return false;
+  }
+  return true;
 }
 
 /* May this frame of a held channel go past the retries it waits for? A

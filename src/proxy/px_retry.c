@@ -226,9 +226,12 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
   amqp_writer w = amqp_writer_make(args, sizeof args);
   amqp_method m;
 
-  if (in_list(s->declared, s->ndeclared, plan->target) ||
-      as_is(s, plan->target))
+  if (in_list(s->declared, s->ndeclared, plan->target))
     return PX_OUT_OK;
+  if (as_is(s, plan->target)) { /* exists: as good as declared */
+    list_add(&s->declared, &s->ndeclared, plan->target);
+    return PX_OUT_OK;
+  }
   bool quorum = declare_quorum(s, rule, plan->target);
   if (alt_type(s, plan->target)) /* what a 406 to it then means */
     list_add(&s->alt_declared, &s->nalt_declared, plan->target);
@@ -936,7 +939,7 @@ static int64_t trusted_count(px_session *s, px_delivery *d, const char *q,
                              const amqp_content_header *h) {
   static uint64_t last_ms, unlogged;
   int64_t n = count_header(s, h);
-  if (n != -2)
+  if (n >= -1 && n < (int64_t)UINT32_MAX - 1) /* else no plan can count it */
     return n;
   if (d->flags & PX_DLF_BAD_COUNT) /* tried again: counted already */
     return -1;
@@ -968,6 +971,10 @@ static bool tier_refused(px_session *s, const retry_rule *rule, const char *q,
   memcpy(tier, plan->target, plan->target_len + 1);
   int n = retry_dlq_name(rule, q, strlen(q), plan->target, sizeof plan->target);
   if (n < 0) {
+    memcpy(plan->target, tier, strlen(tier) + 1);
+    return false;
+  }
+  if (in_list(s->broken, s->nbroken, plan->target)) { /* refused as well */
     memcpy(plan->target, tier, strlen(tier) + 1);
     return false;
   }
@@ -1243,6 +1250,9 @@ static void requeue_or_defer(px_session *s, px_chan *c, px_delivery *d,
     why = PX_PASS_NO_QUEUE;
     retry = false;
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, why, NULL);
+  } else if (d->state == PX_DL_UNCACHED) { /* nor for one not kept */
+    why = WHY(NOT_KEPT);
+    retry = false;
   }
   /* a client whose connection.close waits gets no delay: the broker
    * requeues what it leaves unsettled as soon as the close goes on */
@@ -1286,7 +1296,8 @@ static bool requeue_any(px_chan *c, uint32_t from, uint32_t to,
     any = any || d->state == PX_DL_CACHED ||
           (d->state == PX_DL_UNCACHED &&
            (d->rule || (d->flags & PX_DLF_NO_QUEUE)));
-    *uncached += d->rule && d->state == PX_DL_UNCACHED;
+    *uncached +=
+        d->rule && d->state == PX_DL_UNCACHED && !(d->flags & PX_DLF_NO_QUEUE);
   }
   return any;
 }

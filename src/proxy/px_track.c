@@ -343,11 +343,19 @@ static px_consumer *find_consumer(px_chan *c, amqp_bytes tag) {
  * a channel whose last declare was a server-named queue declared no-wait,
  * or none): its requeues pass through, delayed and counted. Logged at
  * most once a second. */
+/* The policy of a queue rebound cannot name. Only a server-named queue
+ * (amq.gen-...) can be one: its requeues are treated as those of a known
+ * server-named queue, delayed and counted where a policy covers it. */
+static const retry_rule *unknown_rule(px_session *s) {
+  return retry_match(&s->srv->cfg->retry, "amq.gen-", 8);
+}
+
 static void unknown_queue(px_session *s, px_chan *c, const char *tag,
-                          uint32_t decl_wait) {
+                          uint32_t decl_wait, bool no_ack) {
   static uint64_t last_us, unlogged;
   uint64_t now = px_server_now_us(s->srv);
-  if (decl_wait) /* named by a declare-ok to come */
+  if (decl_wait || no_ack || !unknown_rule(s)) /* named later, or nothing
+                                                  to retry */
     return;
   if (last_us && now - last_us < 1000000) {
     unlogged++;
@@ -409,7 +417,7 @@ static bool add_consumer(px_session *s, px_chan *c, amqp_bytes tag,
   k->cid = ++t->cids;
   t->nconsumers++;
   if (!queue) {
-    unknown_queue(s, c, k->tag, decl_wait);
+    unknown_queue(s, c, k->tag, decl_wait, no_ack);
     return false;
   }
   return consumer_named(s, k, confirmed); /* rebound's channel: ready by
@@ -578,10 +586,10 @@ static void got_ok(px_session *s, px_chan *c, const amqp_arg *a,
 /* A basic.get-ok with acks from a queue rebound cannot name: tracked for
  * settlement, its requeue delayed and counted. */
 static void got_unknown(px_session *s, px_chan *c, uint64_t tag) {
-  unknown_queue(s, c, "", 0);
+  unknown_queue(s, c, "", 0, false);
   px_delivery *d = new_delivery(s, c, tag, s->srv->cfg_gen, -1, NULL, NULL,
                                 (amqp_bytes){0}, (amqp_bytes){0});
-  if (d)
+  if (d && (d->rule = unknown_rule(s)))
     d->flags |= PX_DLF_NO_QUEUE;
 }
 
@@ -643,7 +651,8 @@ static void deliver_unknown(px_session *s, px_chan *c, const px_consumer *k,
                                       NULL, (amqp_bytes){0}, (amqp_bytes){0});
   if (d) {
     d->cid = k->cid;
-    d->flags |= PX_DLF_NO_QUEUE;
+    if ((d->rule = unknown_rule(s)))
+      d->flags |= PX_DLF_NO_QUEUE;
   }
 }
 

@@ -1398,6 +1398,28 @@ static void test_timeout_ack_multiple_rewritten(void **state) {
   assert_int_equal(h->srv.stats.late_settles_swallowed, 1);
 }
 
+/* A delivery being copied for its processing timeout is still the
+ * client's to settle: an ack multiple covering it is not split around it
+ * (that would drop the client's ack of it) but waits for the copy. */
+static void test_timeout_copy_not_split_around(void **state) {
+  static const char *const args[] = {TIMEOUT_POLICY, NULL};
+  harness *h = start(state, args);
+  consuming(h, 1);
+  h_wait_ms(h, 60);
+  deliver(h, 2, "hello", 5);
+  deliver(h, 3, "hello", 5);
+  px_session_tick(h->s, 50);
+  expect_copy(h, true, 5); /* tag 1 only: 2 and 3 are young */
+  h_expect_none(h, H_BROKER);
+  h_ack(h, H_CLIENT, 1, 3, true);
+  h_expect_none(h, H_BROKER);
+  assert_int_equal(h->srv.stats.settles_split, 0);
+  confirm(h, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=3 multiple=1");
+  h_expect_none(h, H_BROKER);
+}
+
 /* basic.deliver with redelivered set, as the broker sends a delivery a
  * lost consumer held. */
 static void deliver_again(harness *h, uint64_t tag) {
@@ -1503,6 +1525,7 @@ int main(void) {
                                 teardown),
       cmocka_unit_test_teardown(test_consume_of_the_last_declared_queue,
                                 teardown),
+      cmocka_unit_test_teardown(test_timeout_copy_not_split_around, teardown),
       cmocka_unit_test_teardown(test_close_waits_for_confirm, teardown),
       cmocka_unit_test_teardown(test_close_waits_confirm_timeout, teardown),
       cmocka_unit_test_teardown(test_close_after_fallback_requeue, teardown),

@@ -210,7 +210,8 @@ def requeue_loop_result(ctl, direct, queues):
 def test_unreadable_retry_count_counts_as_a_first_attempt(
         rebound_factory, broker, ctl, direct):
     """A message whose rebound-retry-count is not a non-negative integer
-    (the string "abc"; -1) cannot be counted from its header. It counts as
+    (the string "abc"; -1), or too large to plan with (5,000,000,000),
+    cannot be counted from its header. It counts as
     a first attempt and its copy carries rebound's own count, so it still
     ends: exactly max_attempts deliveries, then the dead-letter queue --
     never a loop the broker's delivery limit would end by dropping it.
@@ -219,32 +220,34 @@ def test_unreadable_retry_count_counts_as_a_first_attempt(
                        "--max-attempts", "3")
     qa = direct.own(rbtest.uniq("count-abc"))
     qn = direct.own(rbtest.uniq("count-neg"))
-    for q, v in ((qa, "abc"), (qn, -1)):
+    qh = direct.own(rbtest.uniq("count-huge"))
+    bad = ((qa, "abc"), (qn, -1), (qh, 5000000000))
+    for q, v in bad:
         direct.ch.queue_declare(q, durable=True)
         direct.publish(q, b"bad count", pika.BasicProperties(
             headers={COUNT: v}, delivery_mode=2))
     conn = rb.pika(broker)
-    cons = [PoisonConsumer(conn, conn.channel(), q) for q in (qa, qn)]
+    cons = [PoisonConsumer(conn, conn.channel(), q) for q, _ in bad]
     for c in cons:
         c.wait(3, 20)
     late = cons[0].quiet_for(1.5)
-    for c, v in zip(cons, ("abc", -1)):
+    for c, (_, v) in zip(cons, bad):
         assert [d.count for d in c.deliveries] == [v, 1, 2], c.deliveries
-    assert late == [] and len(cons[1].deliveries) == 3
+    assert late == [] and all(len(c.deliveries) == 3 for c in cons)
     for c in cons:
         c.cancel()
     conn.close()
-    wait_counts(ctl, {qa: (0, 0), qn: (0, 0), dlq(qa): (1, 0),
-                      dlq(qn): (1, 0)})
-    for q in (qa, qn):
+    wait_counts(ctl, dict([(q, (0, 0)) for q, _ in bad] +
+                          [(dlq(q), (1, 0)) for q, _ in bad]))
+    for q, _ in bad:
         got = direct.get_all(dlq(q), expect=1)
         assert [(b, p.headers[COUNT], p.headers["rebound-dead-letter-reason"])
                 for _, p, b in got] == [(b"bad count", 3, "max-attempts")], got
     lines = rb.log_lines("retry_count_unreadable")
     assert lines and lines[0]["level"] == "warn", lines
-    assert lines[0]["queue"] in (qa, qn) and lines[0]["header"] == COUNT
-    assert len(lines) == 1, lines  # the second within 10 s is not logged
-    assert metric(rb, "rebound_retry_counts_unreadable_total") == 2
+    assert lines[0]["queue"] in (qa, qn, qh) and lines[0]["header"] == COUNT
+    assert len(lines) == 1, lines  # the others within 10 s are not logged
+    assert metric(rb, "rebound_retry_counts_unreadable_total") == 3
     assert delayed_by_reason(rb) == {}
 
 
