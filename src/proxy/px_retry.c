@@ -930,25 +930,19 @@ static const char *failure_reason(const px_delivery *d) {
                                         : PX_DEAD_MAX_ATTEMPTS;
 }
 
-/* The count a failure is planned with. A count header that is not a
- * non-negative integer (a publisher set it) cannot be trusted: the
- * delivery counts as a first attempt, and its copy carries a count of
- * rebound's, so the message still ends after max_attempts deliveries.
- * Logged at warn, at most once per PX_LOG_LIMIT_MS. */
-static int64_t trusted_count(px_session *s, px_delivery *d, const char *q,
-                             const amqp_content_header *h) {
+/* A failure whose count header the plan could not trust (retry_decide():
+ * planned as a first attempt): counted once per delivery, logged at warn
+ * at most once per PX_LOG_LIMIT_MS. */
+static void count_untrusted(px_session *s, px_delivery *d, const char *q) {
   static uint64_t last_ms, unlogged;
-  int64_t n = count_header(s, h);
-  if (n >= -1 && n < (int64_t)UINT32_MAX - 1) /* else no plan can count it */
-    return n;
   if (d->flags & PX_DLF_BAD_COUNT) /* tried again: counted already */
-    return -1;
+    return;
   d->flags |= PX_DLF_BAD_COUNT;
   s->srv->stats.counts_unreadable++;
   uint64_t now = uv_now(s->srv->loop);
   if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
     unlogged++;
-    return -1;
+    return;
   }
   px_warn("retry_count_unreadable", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", q), PX_S("header", header_name(s->srv, 0)),
@@ -957,7 +951,6 @@ static int64_t trusted_count(px_session *s, px_delivery *d, const char *q,
                          "rebound's count"));
   last_ms = now;
   unlogged = 0;
-  return -1;
 }
 
 /* The tier a failure would go to cannot be declared (refused for good:
@@ -1010,8 +1003,9 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   if (amqp_content_header_decode((amqp_bytes){px_dl_content(d), d->header_len},
                                  &h) != AMQP_OK)
     return WHY(BAD_HEADER);
-  retry_decide(rule, q, strlen(q), trusted_count(s, d, q, &h), jitter_draw(),
-               &plan);
+  retry_decide(rule, q, strlen(q), count_header(s, &h), jitter_draw(), &plan);
+  if (plan.count_untrusted)
+    count_untrusted(s, d, q);
   if (plan.action == RETRY_PASS) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, retry_pass_reason_str(plan.reason),
                    NULL);

@@ -256,8 +256,8 @@ void retry_decide(const retry_rule *rule, const char *queue, size_t len,
     return;
   }
   if (count < -1 || count >= UINT32_MAX - 1) {
-    pass(plan, RETRY_PASS_BAD_COUNT);
-    return;
+    plan->count_untrusted = true; /* a first attempt: the copy counts on */
+    count = -1;
   }
   uint32_t k = count < 0 ? 1 : (uint32_t)count + 1;
   plan->attempt = k;

@@ -112,8 +112,7 @@ typedef enum retry_action {
   X(NONE, "-")                                                                 \
   X(NO_POLICY, "no policy for the queue")                                      \
   X(SERVER_NAMED, "server-named queue (amq.*)")                                \
-  X(NAME_TOO_LONG, "tier or dead-letter name over 255 bytes")                  \
-  X(BAD_COUNT, "retry count header is not a non-negative integer")
+  X(NAME_TOO_LONG, "tier or dead-letter name over 255 bytes")
 
 typedef enum retry_pass_reason {
 #define RETRY__PASS_ENUM(name, text) RETRY_PASS_##name,
@@ -129,6 +128,8 @@ typedef struct retry_plan {
   retry_pass_reason reason; /* for RETRY_PASS */
   uint32_t attempt;         /* the attempt that failed (1-based) */
   uint32_t new_count;       /* count header for the copy */
+  bool count_untrusted;     /* the count was not a non-negative integer
+                               below 2^32 - 2: planned as a first attempt */
   unsigned tier;            /* index into tiers_ms (REPUBLISH) */
   uint32_t delay_ms;
   char target[RETRY_NAME_MAX + 1]; /* tier queue or DLQ */
@@ -142,7 +143,11 @@ unsigned retry_tier_for(const retry_rule *rule, int64_t count, uint32_t draw);
 
 /* Decide for one failed delivery. `rule` may be NULL (no policy).
  * `count` is the retry count header's value, or -1 when absent; any other
- * negative value is invalid. `draw` is a random value for the jitter
+ * negative value is invalid. An invalid count, or one too large to count
+ * on from (2^32 - 2 or more), cannot be trusted: the failure is planned as
+ * a first attempt (its copy carries a count of rebound's, so the message
+ * still ends) and plan->count_untrusted says so. `draw` is a random value
+ * for the jitter
  * bucket (unused by fixed tiers). Always fills `*plan`. */
 void retry_decide(const retry_rule *rule, const char *queue, size_t len,
                   int64_t count, uint32_t draw, retry_plan *plan);

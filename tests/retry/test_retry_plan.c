@@ -81,9 +81,19 @@ static void test_default_rule(void **state) {
       {"orders", 3, RETRY_DEAD_LETTER, RETRY_PASS_NONE, 4, "orders.dlq"},
       {"orders", 99, RETRY_DEAD_LETTER, RETRY_PASS_NONE, 100, "orders.dlq"},
       {"amq.gen-abc", -1, RETRY_PASS, RETRY_PASS_SERVER_NAMED, 0, ""},
-      {"orders", -2, RETRY_PASS, RETRY_PASS_BAD_COUNT, 0, ""},
+      /* a count that cannot be trusted plans a first attempt */
+      {"orders", -2, RETRY_REPUBLISH, RETRY_PASS_NONE, 1, "orders.retry.1s"},
+      {"orders", (int64_t)UINT32_MAX - 1, RETRY_REPUBLISH, RETRY_PASS_NONE, 1,
+       "orders.retry.1s"},
   };
   run_cases(&r, cases, sizeof cases / sizeof cases[0]);
+  retry_plan u;
+  retry_decide(&r, "orders", 6, -2, 0, &u);
+  assert_true(u.count_untrusted);
+  assert_int_equal(u.new_count, 1);
+  retry_decide(&r, "orders", 6, (int64_t)UINT32_MAX - 2, 0, &u);
+  assert_false(u.count_untrusted);
+  assert_int_equal(u.action, RETRY_DEAD_LETTER);
   /* the first delivery's failure waits the first tier */
   retry_plan p;
   retry_decide(&r, "orders", 6, -1, 0, &p);

@@ -325,7 +325,6 @@ def test_metric_families_follow_the_conventions(rebound_factory):
         "broker blocks publishing", "rebound's channel not ready",
         "no policy for the queue", "server-named queue (amq.*)",
         "tier or dead-letter name over 255 bytes",
-        "retry count header is not a non-negative integer",
         "tier or dead-letter queue refused", "no copy fits frame-max",
         "queue not known (empty name, no named declare)"}
     assert set(delayed.values()) == {0}
