@@ -463,17 +463,7 @@ static bool may_split(const px_chan *c, const amqp_method *m) {
   uint64_t tag = ack ? m->args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u
                      : m->args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
   const px_delivery *d = tag ? px_track_find((px_chan *)c, tag) : NULL;
-  if (!d || d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED)
-    return false;
-  /* a copy rebound makes for a processing timeout is not the client's
-   * settle: the client's ack of it must not be dropped */
-  for (uint32_t i = 0, n = px_track_upto(c, tag); i < n; i++) {
-    const px_delivery *w = px_dl_at(&c->track, i);
-    if ((w->flags & PX_DLF_TIMING_OUT) &&
-        (w->state == PX_DL_RETRYING || w->state == PX_DL_DEFERRED))
-      return false;
-  }
-  return true;
+  return d && !px_dl_waiting(d);
 }
 
 /* May this frame of a held channel go past the retries it waits for? A
@@ -498,16 +488,21 @@ static bool may_overtake(px_session *s, px_chan *c, const amqp_frame *f,
                                           : false;
   uint32_t from = multiple ? 0 : px_track_index(c, tag);
   uint32_t to = multiple ? px_track_upto(c, tag) : from + 1;
+  bool waits = false, timing_out = false;
   for (uint32_t i = from; i < to && i < c->track.dl.r.n; i++) {
     const px_delivery *d = px_dl_at(&c->track, i);
-    if ((multiple || d->tag == tag) &&
-        (d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED)) {
-      if (!may_split(c, &m))
-        return false;
-      *act = px_retry_split_settle(s, c, &m); /* sent around it */
-      return true;
+    if ((multiple || d->tag == tag) && px_dl_waiting(d)) {
+      waits = true;
+      /* a copy rebound makes for a processing timeout is not the client's
+       * settle: its ack of that delivery must not be dropped by a split */
+      timing_out = timing_out || (d->flags & PX_DLF_TIMING_OUT);
     }
   }
+  if (!waits)
+    return true;
+  if (timing_out || !may_split(c, &m))
+    return false;
+  *act = px_retry_split_settle(s, c, &m); /* sent around them */
   return true;
 }
 

@@ -863,10 +863,6 @@ int px_retry_late_settle(px_session *s, px_chan *c, amqp_method *m) {
   return settle_below(s, c, m, orig);
 }
 
-static bool waiting(const px_delivery *d) {
-  return d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED;
-}
-
 /* Send the client's settle `m` for `tag`, multiple or not. */
 static void settle_as(px_session *s, px_chan *c, amqp_method *m, uint64_t tag,
                       bool multiple) {
@@ -891,7 +887,7 @@ int px_retry_split_settle(px_session *s, px_chan *c, amqp_method *m) {
     px_delivery *d = px_dl_at(&c->track, i);
     if (d->state == PX_DL_GONE)
       continue;
-    if (waiting(d)) {
+    if (px_dl_waiting(d)) {
       if (!past && first_run)
         settle_as(s, c, m, first_run, true);
       past = true;
@@ -1360,8 +1356,7 @@ static int defer_range(px_session *s, px_chan *c, uint32_t from, uint32_t to,
   px_track *t = &c->track;
   for (uint32_t i = from; i < to; i++) {
     px_delivery *d = px_dl_at(t, i);
-    if (d->state == PX_DL_GONE || d->state == PX_DL_RETRYING ||
-        d->state == PX_DL_DEFERRED)
+    if (d->state == PX_DL_GONE || px_dl_waiting(d))
       continue;
     px_track_observe(s, d);
     requeue_or_defer(s, c, d, is_reject, retry, why);

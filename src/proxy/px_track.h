@@ -151,6 +151,12 @@ static inline const uint8_t *px_dl_content(const px_delivery *d) {
   return d->header_len ? (const uint8_t *)d->names + d->names_len : NULL;
 }
 
+/* Is the delivery's requeue in rebound's hands: a copy on its way, or a
+ * requeue waiting for its delay? */
+static inline bool px_dl_waiting(const px_delivery *d) {
+  return d->state == PX_DL_RETRYING || d->state == PX_DL_DEFERRED;
+}
+
 static inline const char *px_dl_queue(const px_delivery *d) {
   return d->names;
 }
