@@ -255,3 +255,15 @@ void px_log_kv(px_log_level level, const char *msg, const px_kv *kv, size_t n) {
       px_log_format_line(line, sizeof line, format, ts, level, msg, kv, n);
   fwrite(line, 1, len, stderr);
 }
+
+bool px_log_limit_pass(px_log_limit *l, uint64_t now_ms, uint64_t *unlogged) {
+  if (l->any && now_ms - l->last_ms < PX_LOG_LIMIT_MS) {
+    l->unlogged++;
+    return false;
+  }
+  *unlogged = l->unlogged;
+  l->unlogged = 0;
+  l->last_ms = now_ms;
+  l->any = true;
+  return true;
+}

@@ -102,6 +102,19 @@ size_t px_log_format_line(char *out, size_t cap, px_log_format format,
                           const char *ts, px_log_level level, const char *msg,
                           const px_kv *kv, size_t n);
 
+/* A repeated event written at most once per PX_LOG_LIMIT_MS. */
+#define PX_LOG_LIMIT_MS 10000
+typedef struct px_log_limit {
+  uint64_t last_ms;  /* when the last line was written */
+  uint64_t unlogged; /* events since then not written */
+  bool any;          /* a line has been written */
+} px_log_limit;
+
+/* Whether to write a line for a repeated event now (`now_ms` on any
+ * monotonic clock): the first, then at most one per PX_LOG_LIMIT_MS.
+ * `*unlogged` is how many were not written since the previous line. */
+bool px_log_limit_pass(px_log_limit *l, uint64_t now_ms, uint64_t *unlogged);
+
 /* px_info("event", PX_U("id", id), PX_S("peer", peer), ...): at least one
  * field. */
 #define PX__KVS(...) ((const px_kv[]){__VA_ARGS__})

@@ -16,13 +16,12 @@
  * broker would close the client's whole connection).
  *
  * A requeue rebound cannot turn into a counted retry (a name it cannot
- * build, an unparsable count, a refused or unreachable tier, rebound's
- * channel not ready, a copy that failed, a transaction) never goes back to
- * the broker at once: that is the loop rebound exists to stop. The
- * delivery is held (PX_DL_DEFERRED, the channel's later frames held behind
- * it so nothing overtakes) and its requeue is sent when the tier delay has
- * passed, counted by reason and logged at warn, at most once per
- * PX_DEFER_LOG_MS.
+ * build, a refused dead-letter queue, rebound's channel not ready, a copy
+ * that failed, a delivery not kept) never goes back
+ * to the broker at once: that is the loop rebound exists to stop. The delivery
+ * is held (PX_DL_DEFERRED, the channel's later frames held behind it so nothing
+ * overtakes) and its requeue is sent when the tier delay has passed, counted by
+ * reason and logged at warn, at most once per PX_LOG_LIMIT_MS.
  *
  * Copies in flight are a ring in publish order (seq grows by one), so a
  * confirm finds its copy in O(log n) and the usual in-order confirm pops
@@ -96,8 +95,6 @@ static bool retry_later(const char *why) {
 #define PX_DEFERS_MAX (1u << 24)
 /* px_defer.due_ms of a retry waiting for the broker to unblock. */
 #define PX_DUE_UNBLOCKED UINT64_MAX
-/* At most one retry_requeue_delayed line per this many ms, process-wide. */
-#define PX_DEFER_LOG_MS 10000
 
 static uint64_t now_us(void) {
   return uv_hrtime() / 1000;
@@ -930,23 +927,19 @@ static const char *failure_reason(const px_delivery *d) {
  * planned as a first attempt): counted once per delivery, logged at warn
  * at most once per PX_LOG_LIMIT_MS. */
 static void count_untrusted(px_session *s, px_delivery *d, const char *q) {
-  static uint64_t last_ms, unlogged;
+  static px_log_limit limit;
+  uint64_t unlogged;
   if (d->flags & PX_DLF_BAD_COUNT) /* tried again: counted already */
     return;
   d->flags |= PX_DLF_BAD_COUNT;
   s->srv->stats.counts_unreadable++;
-  uint64_t now = uv_now(s->srv->loop);
-  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
-    unlogged++;
+  if (!px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
     return;
-  }
   px_warn("retry_count_unreadable", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", q), PX_S("header", header_name(s->srv, 0)),
           PX_U("unlogged", unlogged),
           PX_S("action", "counted as the first attempt; the copy carries "
                          "rebound's count"));
-  last_ms = now;
-  unlogged = 0;
 }
 
 /* The tier a failure would go to cannot be declared (refused for good:
@@ -956,31 +949,20 @@ static void count_untrusted(px_session *s, px_delivery *d, const char *q) {
  * queue cannot be named. */
 static bool tier_refused(px_session *s, const retry_rule *rule, const char *q,
                          retry_plan *plan) {
-  char tier[RETRY_NAME_MAX + 1];
-  memcpy(tier, plan->target, plan->target_len + 1);
-  int n = retry_dlq_name(rule, q, strlen(q), plan->target, sizeof plan->target);
-  if (n < 0) {
-    memcpy(plan->target, tier, strlen(tier) + 1);
+  static px_log_limit limit;
+  char dlq[RETRY_NAME_MAX + 1];
+  uint64_t unlogged;
+  int n = retry_dlq_name(rule, q, strlen(q), dlq, sizeof dlq);
+  if (n < 0 || in_list(s->broken, s->nbroken, dlq)) /* no end there either */
     return false;
-  }
-  if (in_list(s->broken, s->nbroken, plan->target)) { /* refused as well */
-    memcpy(plan->target, tier, strlen(tier) + 1);
-    return false;
-  }
+  if (px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
+    px_warn("retry_tier_refused", PX_U("id", s->id), PX_S("peer", s->peer),
+            PX_S("queue", q), PX_S("tier", plan->target),
+            PX_S("action", "dead-lettered now"), PX_S("target", dlq),
+            PX_U("unlogged", unlogged));
+  memcpy(plan->target, dlq, (size_t)n + 1);
   plan->target_len = (size_t)n;
   plan->action = RETRY_DEAD_LETTER;
-  static uint64_t last_ms, unlogged;
-  uint64_t now = uv_now(s->srv->loop);
-  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
-    unlogged++;
-    return true;
-  }
-  px_warn("retry_tier_refused", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("queue", q), PX_S("tier", tier),
-          PX_S("action", "dead-lettered now"), PX_S("target", plan->target),
-          PX_U("unlogged", unlogged));
-  last_ms = now;
-  unlogged = 0;
   return true;
 }
 
@@ -1085,19 +1067,15 @@ static void arm_defer_timer(px_session *s) {
 
 static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
                          const char *why) {
-  static uint64_t last_ms, unlogged;
-  uint64_t now = uv_now(s->srv->loop);
-  if (last_ms && now - last_ms < PX_DEFER_LOG_MS) {
-    unlogged++;
+  static px_log_limit limit;
+  uint64_t unlogged;
+  if (!px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
     return;
-  }
   px_warn("retry_requeue_delayed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", px_dl_queue(d)), PX_S("reason", why),
           PX_U("delay_ms", ms), PX_U("unlogged", unlogged),
           PX_S("note", "no counted retry: the broker gets the requeue once "
                        "the tier delay has passed"));
-  last_ms = now;
-  unlogged = 0;
 }
 
 /* Hold the requeue of `d` back for its tier delay. false when it cannot

@@ -53,26 +53,10 @@ static unsigned fds_per_connection(const px_config *cfg) {
 
 /* ---- admission ----------------------------------------------------------- */
 
-/* Whether to write a line for a repeated event now: the first, then at
- * most one per PX_LOG_LIMIT_MS. `*unlogged` is how many were not written
- * since the previous line. */
-static bool log_limit_pass(px_log_limit *l, uint64_t now_ms,
-                           uint64_t *unlogged) {
-  if (l->any && now_ms - l->last_ms < PX_LOG_LIMIT_MS) {
-    l->unlogged++;
-    return false;
-  }
-  *unlogged = l->unlogged;
-  l->unlogged = 0;
-  l->last_ms = now_ms;
-  l->any = true;
-  return true;
-}
-
 static void accept_error(px_server *srv, int err) {
   uint64_t unlogged;
   srv->stats.accept_errors++;
-  if (log_limit_pass(&srv->accept_log, uv_now(srv->loop), &unlogged))
+  if (px_log_limit_pass(&srv->accept_log, uv_now(srv->loop), &unlogged))
     px_warn("accept_failed", PX_S("error", uv_strerror(err)),
             PX_U("accept_errors", srv->stats.accept_errors),
             PX_U("unlogged", unlogged));
@@ -107,7 +91,7 @@ static void refuse_over_cap(px_server *srv, uv_stream_t *listener) {
   uint64_t unlogged;
   close_pending(srv, listener);
   srv->stats.connections_refused++;
-  if (log_limit_pass(&srv->refused_log, uv_now(srv->loop), &unlogged))
+  if (px_log_limit_pass(&srv->refused_log, uv_now(srv->loop), &unlogged))
     px_warn("client_connections_refused",
             PX_U("max_connections", srv->max_connections),
             PX_U("connections", srv->stats.sessions_current),

@@ -21,6 +21,7 @@
 #include "px_admin.h"
 #include "px_config.h"
 #include "px_dial.h"
+#include "px_log.h"
 #include "px_probe.h"
 #include "px_queues.h"
 
@@ -59,7 +60,6 @@ typedef struct px_stats {
 } px_stats;
 
 #define PX_HIST_BUCKETS 13
-#define PX_LOG_LIMIT_MS 10000
 #define PX_JANITOR_MS 250 /* periodic checks and processing timeouts */
 
 typedef struct px_hist {
@@ -83,13 +83,6 @@ typedef struct px_metrics_store {
   px_hist confirm;     /* client publish -> broker confirm */
   px_hist *processing; /* deliver -> settle, per queue label (+ other) */
 } px_metrics_store;
-
-/* A repeated warning written at most once per PX_LOG_LIMIT_MS. */
-typedef struct px_log_limit {
-  uint64_t last_ms;  /* when the last line was written */
-  uint64_t unlogged; /* events since then not written */
-  bool any;          /* a line has been written */
-} px_log_limit;
 
 typedef struct px_server {
   uv_loop_t *loop;

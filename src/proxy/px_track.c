@@ -62,15 +62,13 @@ void px_track_release(px_session *s, px_delivery *d) {
  * the delayed requeue's log line. */
 static void uncache(px_session *s, px_delivery *d, const char *why,
                     amqp_bytes header) {
-  static uint64_t last_ms, unlogged;
-  uint64_t now = px_server_now_us(s->srv) / 1000;
+  static px_log_limit limit;
+  uint64_t unlogged;
   amqp_content_header h;
   amqp_bytes id = {NULL, 0};
   s->srv->stats.uncached_deliveries++;
   px_metrics_inc(s->srv, PX_M_NOT_KEPT, d->names, why);
-  if (last_ms && now - last_ms < PX_LOG_LIMIT_MS) {
-    unlogged++;
-  } else {
+  if (px_log_limit_pass(&limit, px_server_now_us(s->srv) / 1000, &unlogged)) {
     if (amqp_content_header_decode(header, &h) == AMQP_OK &&
         (h.props.flags & AMQP_P_MESSAGE_ID))
       id = h.props.message_id;
@@ -80,8 +78,6 @@ static void uncache(px_session *s, px_delivery *d, const char *why,
             PX_U("cache_bytes", s->cache_bytes), PX_U("unlogged", unlogged),
             PX_S("note", "not kept for a retry: its requeue goes to the "
                          "broker after the tier delay, uncounted"));
-    last_ms = now;
-    unlogged = 0;
   }
   char *names = realloc(d->names, d->names_len); /* the content's room */
   if (names)
@@ -352,23 +348,18 @@ static const retry_rule *unknown_rule(px_session *s) {
 
 static void unknown_queue(px_session *s, px_chan *c, const char *tag,
                           uint32_t decl_wait, bool no_ack) {
-  static uint64_t last_us, unlogged;
-  uint64_t now = px_server_now_us(s->srv);
-  if (decl_wait || no_ack || !unknown_rule(s)) /* named later, or nothing
-                                                  to retry */
+  static px_log_limit limit;
+  uint64_t unlogged;
+  if (decl_wait || no_ack || !unknown_rule(s) || /* named later, nothing to
+                                                    retry, or logged lately */
+      !px_log_limit_pass(&limit, px_server_now_us(s->srv) / 1000, &unlogged))
     return;
-  if (last_us && now - last_us < 1000000) {
-    unlogged++;
-    return;
-  }
   px_warn("queue_identity_unknown", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("channel", c->client_ch), PX_S("consumer_tag", tag),
           PX_U("unlogged", unlogged),
           PX_S("note", "the queue named \"\" is not known to rebound (no "
                        "declare, or a server-named one declared no-wait): "
                        "its requeues pass through, delayed and counted"));
-  last_us = now;
-  unlogged = 0;
 }
 
 /* A consumer's queue is known: its policy and, once the broker has shown
