@@ -207,6 +207,14 @@ def requeue_loop_result(ctl, direct, queues):
 # ---- requeues rebound cannot retry -----------------------------------------
 
 
+def queue_with_one(direct, prefix, body):
+    """A durable queue of the test's, holding one persistent message."""
+    q = direct.own(rbtest.uniq(prefix))
+    direct.ch.queue_declare(q, durable=True)
+    direct.publish(q, body, pika.BasicProperties(delivery_mode=2))
+    return q
+
+
 def test_unreadable_retry_count_counts_as_a_first_attempt(
         rebound_factory, broker, ctl, direct):
     """A message whose rebound-retry-count is not a non-negative integer
@@ -291,9 +299,7 @@ def test_nack_in_a_transaction_is_a_counted_retry(rebound_factory, broker,
     commit answered, the channel open."""
     rb = admin_rebound(rebound_factory, "--retry-tiers", "200ms",
                        "--max-attempts", "3")
-    q = direct.own(rbtest.uniq("tx"))
-    direct.ch.queue_declare(q, durable=True)
-    direct.publish(q, b"in tx", pika.BasicProperties(delivery_mode=2))
+    q = queue_with_one(direct, "tx", b"in tx")
     conn = rb.pika(broker)
     ch = conn.channel()
     ch.tx_select()
@@ -320,9 +326,7 @@ def test_rollback_after_a_retry_is_reported(rebound_factory, broker, ctl,
     client's again. rebound says so (retry_rolled_back at warn, counted)."""
     rb = admin_rebound(rebound_factory, "--retry-tiers", "1s",
                        "--max-attempts", "3")
-    q = direct.own(rbtest.uniq("txrb"))
-    direct.ch.queue_declare(q, durable=True)
-    direct.publish(q, b"rolled back", pika.BasicProperties(delivery_mode=2))
+    q = queue_with_one(direct, "txrb", b"rolled back")
     conn = rb.pika(broker)
     ch = conn.channel()
     ch.tx_select()
