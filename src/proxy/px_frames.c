@@ -401,14 +401,21 @@ static int client_basic_method(px_session *s, const amqp_frame *f, px_chan *c,
   return PX_FORWARD;
 }
 
-/* queue.declare: the channel's most recently declared queue, which a
- * consume or get naming "" takes. */
-static int client_declare(px_session *s, const amqp_frame *f, px_chan *c,
-                          uint32_t id) {
+/* Methods of the classes other than basic that matter: queue.declare
+ * (the channel's most recently declared queue, which a consume or get
+ * naming "" takes), and the end of a transaction. Kept off the path of
+ * basic's methods. */
+static int client_other_method(px_session *s, const amqp_frame *f, px_chan *c,
+                               uint32_t id) {
   amqp_method m;
-  int act = decode_or_close(s, f, id, &m);
-  if (act == PX_FORWARD)
-    px_track_client_method(s, c, &m);
+  int act = PX_FORWARD;
+  if (id == AMQP_QUEUE_DECLARE) {
+    act = decode_or_close(s, f, id, &m);
+    if (act == PX_FORWARD)
+      px_track_client_method(s, c, &m);
+  } else if (id == AMQP_TX_COMMIT || id == AMQP_TX_ROLLBACK) {
+    px_retry_tx_end(s, c, id == AMQP_TX_ROLLBACK);
+  }
   return act;
 }
 
@@ -543,14 +550,12 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
   int act = client_content(s, f, c, id);
   if (act == PX_FORWARD && AMQP_METHOD_CLASS(id) == 60)
     act = client_basic_method(s, f, c, id);
-  if (act == PX_FORWARD && id == AMQP_QUEUE_DECLARE)
-    act = client_declare(s, f, c, id);
+  else if (act == PX_FORWARD) /* the rare classes: queue, tx */
+    act = client_other_method(s, f, c, id);
   if (act == PX_HOLD)
     *hold_chan = c; /* a requeue waiting for rebound's channel */
   if (id == AMQP_TX_SELECT)
     c->tx = true;
-  if (act == PX_FORWARD && (id == AMQP_TX_COMMIT || id == AMQP_TX_ROLLBACK))
-    px_retry_tx_end(s, c, id == AMQP_TX_ROLLBACK);
   if (id == AMQP_CONFIRM_SELECT && !c->track.confirm) {
     c->track.confirm = true;
     c->track.pub_seq = 1;
