@@ -252,6 +252,15 @@ static int parse_DURATION0(uint32_t *field, const char *v) {
   return retry_duration_parse(v, strlen(v), field);
 }
 
+/* A duration, or off (0). */
+static int parse_DURATION_OFF(uint32_t *field, const char *v) {
+  if (strcmp(v, "off") == 0) {
+    *field = 0;
+    return 0;
+  }
+  return retry_delay_parse(v, strlen(v), field);
+}
+
 static int parse_PREFIX(px_config *c, const char *v) {
   if (strlen(v) >= sizeof c->retry.header_prefix)
     return -1;
@@ -333,6 +342,7 @@ static int parse_WORKERS(uint32_t *field, const char *v) {
 #define PARSE_LOG_FORMAT(c, field, v) parse_log_format(v, &(c)->field)
 #define PARSE_DURATION(c, field, v) parse_DURATION(&(c)->field, v)
 #define PARSE_DURATION0(c, field, v) parse_DURATION0(&(c)->field, v)
+#define PARSE_DURATION_OFF(c, field, v) parse_DURATION_OFF(&(c)->field, v)
 #define PARSE_SIZE(c, field, v) px_parse_size(v, &(c)->field)
 #define PARSE_PREFIX(c, field, v) parse_PREFIX(c, v)
 #define PARSE_GLOBS(c, field, v)                                               \
@@ -379,6 +389,7 @@ static int parse_WORKERS(uint32_t *field, const char *v) {
 #define EXPECT_BACKOFF                                                         \
   "off or 'initial=1s,multiplier=2,max=10m,jitter=0.2,buckets=4' (any of "     \
   "them)"
+#define EXPECT_DURATION_OFF EXPECT_TIMEOUT_OFF
 #define EXPECT_TIMEOUT_OFF                                                     \
   "off or a duration like 30s, 1m30s or seconds like 30 (more than 0, at "     \
   "most 24h)"

@@ -65,8 +65,12 @@ typedef struct px_config {
   uint32_t retry_confirm_timeout_ms;
   uint32_t policy_check_after_ms;
   uint32_t stuck_after_ms;
-  uint32_t max_connections; /* 0: auto, what the fd limit allows */
-  uint32_t workers;         /* processes on the listeners (px_workers.h) */
+  uint32_t tier_watch_ms;      /* between two looks at the tiers (0: off) */
+  uint32_t tier_grace_ms;      /* a copy older than its delay + this: overdue */
+  uint32_t tier_heal_after_ms; /* ... + this (at least its delay): moved back
+                                  to its source (0: never) */
+  uint32_t max_connections;    /* 0: auto, what the fd limit allows */
+  uint32_t workers;            /* processes on the listeners (px_workers.h) */
   /* which of them this process is: 0 the first (admin endpoint, probe,
    * the others' parent), 1.. the ones it started (REBOUND_WORKER) */
   uint32_t worker;
@@ -185,6 +189,17 @@ typedef struct px_config {
   X(stuck_after_ms, "stuck-after", "REBOUND_STUCK_AFTER", "stuck_after",       \
     DURATION, "5m",                                                            \
     "a delivery unsettled for longer counts as stuck (metrics, /v1/queues)")   \
+  X(tier_watch_ms, "tier-watch", "REBOUND_TIER_WATCH", "tier_watch",           \
+    DURATION_OFF, "10s",                                                       \
+    "how often to look at the tiers and dead-letter queues in use (depth, "    \
+    "the oldest copy's age, the source queue), or off")                        \
+  X(tier_grace_ms, "tier-grace", "REBOUND_TIER_GRACE", "tier_grace", DURATION, \
+    "15s",                                                                     \
+    "a tier's oldest copy older than the tier's delay plus this is overdue")   \
+  X(tier_heal_after_ms, "tier-heal-after", "REBOUND_TIER_HEAL_AFTER",          \
+    "tier_heal_after", DURATION_OFF, "1m",                                     \
+    "copies overdue by this much (and at least their delay) are moved back "   \
+    "to their source queue by rebound, or off")                                \
   X(cache_per_connection, "cache-per-connection",                              \
     "REBOUND_CACHE_PER_CONNECTION", "cache_per_connection", SIZE, "8MiB",      \
     "deliveries kept for retry, per connection (over it: pass-through)")       \

@@ -31,6 +31,10 @@ struct px_server;
     "queue", "reason", 1)                                                      \
   X(PASSTHROUGH, "rebound_retry_passthrough_total",                            \
     "Requeues of kept deliveries forwarded unchanged", "reason", NULL, 0)      \
+  X(HEALED, "rebound_tier_copies_healed_total",                                \
+    "Copies a tier kept past their delay that rebound moved back to their "    \
+    "source queue",                                                            \
+    "queue", "tier", 1)                                                        \
   X(DELAYED, "rebound_retry_requeues_delayed_total",                           \
     "Requeues rebound could not retry, sent after the tier delay", "reason",   \
     NULL, 0)                                                                   \

@@ -73,7 +73,8 @@ struct px_dlq {
   void *ctx;
   px_dlq_request req;
   char h_count[RETRY_NAME_MAX + 1], h_source[RETRY_NAME_MAX + 1],
-      h_reason[RETRY_NAME_MAX + 1], h_redriven[RETRY_NAME_MAX + 1];
+      h_reason[RETRY_NAME_MAX + 1], h_redriven[RETRY_NAME_MAX + 1],
+      h_healed[RETRY_NAME_MAX + 1];
   unsigned counted;     /* COUNT: queues answered */
   bool get_pending;     /* a basic.get is unanswered */
   bool fence;           /* ... and sent as a fence (see pump) */
@@ -248,10 +249,15 @@ static void close_channel(px_dlq *d) {
 }
 
 /* The copy's headers: the message's, without the retry count, the
- * dead-letter reason and an earlier redriven-at, with redriven-at now. */
+ * dead-letter reason and an earlier redriven-at, with redriven-at now.
+ * A healed tier copy keeps them all (but the broker's delivery count), with
+ * tier-healed-at now. */
 static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
-  const char *drop[] = {d->h_count, d->h_reason, d->h_redriven,
-                        "x-delivery-count"};
+  const char *drop_redrive[] = {d->h_count, d->h_reason, d->h_redriven,
+                                "x-delivery-count"};
+  const char *drop_heal[] = {d->h_healed, "x-delivery-count", "", ""};
+  const char **drop = d->req.heal ? drop_heal : drop_redrive;
+  _Static_assert(sizeof drop_heal == sizeof drop_redrive, "as many");
   amqp_table_iter it;
   amqp_bytes key;
   amqp_field v;
@@ -259,14 +265,15 @@ static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
   amqp_table_iter_init(&it, src);
   while ((rc = amqp_table_next(&it, &key, &v)) > 0) {
     bool keep = true;
-    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+    for (size_t i = 0; i < sizeof drop_heal / sizeof drop_heal[0]; i++)
       keep = keep && !(key.len == strlen(drop[i]) &&
                        memcmp(key.ptr, drop[i], key.len) == 0);
     if (keep)
       amqp_table_write_entry(w, key, &v);
   }
   amqp_field now = amqp_field_timestamp((uint64_t)time(NULL));
-  amqp_table_write_entry(w, amqp_cstr(d->h_redriven), &now);
+  amqp_table_write_entry(
+      w, amqp_cstr(d->req.heal ? d->h_healed : d->h_redriven), &now);
   return rc == 0 && !w->failed ? 0 : -1;
 }
 
@@ -454,6 +461,17 @@ static void copy_returned(px_dlq *d, const char *target) {
     d->flight[s % PX_DLQ_WINDOW].returned = true;
 }
 
+static px_dlq_message message_of(const px_dlq *d) {
+  const dlq_content *c = &d->msg;
+  return (px_dlq_message){d->gets,
+                          c->redelivered,
+                          amqp_cstr(c->exchange),
+                          amqp_cstr(c->routing_key),
+                          &c->h,
+                          c->body,
+                          c->body_len};
+}
+
 /* A whole message (get-ok, header, body) has arrived. */
 static void message_done(px_dlq *d) {
   dlq_content *c = &d->msg;
@@ -473,17 +491,15 @@ static void message_done(px_dlq *d) {
       d->ev->progress(d->ctx, d->res.purged, d->res.total);
   } else if (d->req.kind == PX_DLQ_SHOW || d->req.dry_run) {
     d->res.browsed++;
-    px_dlq_message m = {d->gets,
-                        c->redelivered,
-                        amqp_cstr(c->exchange),
-                        amqp_cstr(c->routing_key),
-                        &c->h,
-                        c->body,
-                        c->body_len};
+    px_dlq_message m = message_of(d);
     if (d->ev->message)
       d->ev->message(d->ctx, &m);
   } else if (!d->stopped && !d->interrupted) {
-    redrive_one(d);
+    px_dlq_message m = message_of(d);
+    if (d->ev->take && !d->cancelled && !d->ev->take(d->ctx, &m))
+      d->gets_done = true; /* it and the rest stay */
+    else
+      redrive_one(d);
   } /* after a return nothing more is published: the message stays */
   free(c->header);
   free(c->body);
@@ -745,7 +761,9 @@ static int header_names(px_dlq *d, const px_config *cfg) {
                  retry_header_name(p, "dead-letter-reason", d->h_reason,
                                    sizeof d->h_reason) < 0 ||
                  retry_header_name(p, "redriven-at", d->h_redriven,
-                                   sizeof d->h_redriven) < 0
+                                   sizeof d->h_redriven) < 0 ||
+                 retry_header_name(p, "tier-healed-at", d->h_healed,
+                                   sizeof d->h_healed) < 0
              ? -1
              : 0;
 }

@@ -100,6 +100,9 @@ typedef struct px_dlq_request {
                       message's source queue) */
   uint64_t limit;  /* messages; 0: all */
   bool dry_run;    /* REDRIVE */
+  bool heal;       /* REDRIVE of a tier's copies back to their source
+                      (`to`): every header kept as it is (the copy's
+                      retry count included), `tier-healed-at` set */
   char queues[PX_DLQ_MAX_QUEUES][RETRY_NAME_MAX + 1]; /* COUNT */
   unsigned nqueues;
   const char *name; /* the connection's name at the broker */
@@ -142,6 +145,9 @@ typedef struct px_dlq_events {
   /* REDRIVE and PURGE: after each message moved or removed */
   void (*progress)(void *ctx, uint64_t done, uint64_t total);
   void (*done)(void *ctx, const px_dlq_result *r);
+  /* REDRIVE (may be NULL: every message): whether to move this message;
+   * false ends the run there, and it and the rest stay */
+  bool (*take)(void *ctx, const px_dlq_message *m);
 } px_dlq_events;
 
 typedef struct px_dlq px_dlq;

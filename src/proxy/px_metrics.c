@@ -16,6 +16,7 @@
 #include "px_session.h"
 #include "px_tls.h"
 #include "px_view.h"
+#include "px_watch.h"
 #include "retry_plan.h"
 #include "retry_policy.h"
 
@@ -79,7 +80,12 @@
     "retry was waiting")                                                       \
   X(consumer_lost, "rebound_consumer_lost_total", "counter",                   \
     "Deliveries counted as a failed attempt because their consumer went "      \
-    "without settling them")
+    "without settling them")                                                   \
+  X(tiers_unwatched, "rebound_tiers_unwatched_total", "counter",               \
+    "Copies into a tier or dead-letter queue rebound could not watch (no "     \
+    "room, or no login it can use)")                                           \
+  X(tier_watch_failures, "rebound_tier_watch_failures_total", "counter",       \
+    "Looks at the tiers and dead-letter queues that failed")
 
 /* A label value in the exposition format: backslash, quote, newline
  * escaped. */
@@ -251,6 +257,72 @@ static void render_unsettled(px_server *srv, px_admin_response *r) {
   }
 }
 
+/* The watched tiers and dead-letter queues (px_watch.h), one family at
+ * a time. */
+enum { W_DEPTH, W_AGE, W_OVERDUE, W_DLQ_DEPTH, W_MISSING, W_FAMILIES };
+
+static const char *const watch_names[W_FAMILIES] = {
+    "rebound_tier_depth", "rebound_tier_oldest_age_seconds",
+    "rebound_tier_overdue", "rebound_dead_letter_depth",
+    "rebound_source_queue_missing"};
+
+static const char *const watch_helps[W_FAMILIES] = {
+    "Copies waiting in a delay tier at rebound's last look, by source queue "
+    "and tier",
+    "Age of the oldest copy in a delay tier at rebound's last look",
+    "1 when a delay tier's oldest copy is older than its delay plus "
+    "--tier-grace: the broker is not giving copies back",
+    "Messages in a dead-letter queue rebound parked messages in",
+    "1 when a source queue with copies in its tiers does not exist: the "
+    "broker drops them when they expire"};
+
+typedef struct watch_render {
+  px_admin_response *r;
+  int family;
+} watch_render;
+
+static void watch_series(void *ctx, const px_watch_info *q) {
+  watch_render *w = ctx;
+  double v;
+  switch (w->family) {
+  case W_DEPTH:
+  case W_AGE:
+  case W_OVERDUE:
+    if (q->dead_letter || q->depth < 0 ||
+        (w->family == W_AGE && q->oldest_age_s < 0))
+      return;
+    v = w->family == W_DEPTH ? (double)q->depth
+        : w->family == W_AGE ? q->oldest_age_s
+                             : q->overdue;
+    break;
+  case W_DLQ_DEPTH:
+    if (!q->dead_letter || q->depth < 0)
+      return;
+    v = (double)q->depth;
+    break;
+  default: /* W_MISSING: per tier; the merge keeps the largest */
+    if (q->dead_letter)
+      return;
+    v = q->source_missing;
+    break;
+  }
+  px_admin_printf(w->r, "%s{", watch_names[w->family]);
+  put_label(w->r, "queue", q->source);
+  if (w->family != W_DLQ_DEPTH) {
+    px_admin_append(w->r, ",", 1);
+    put_label(w->r, "tier", q->tier);
+  }
+  px_admin_printf(w->r, "} %.17g\n", v);
+}
+
+static void render_watch(px_server *srv, px_admin_response *r) {
+  for (int k = 0; k < W_FAMILIES; k++) {
+    watch_render w = {r, k};
+    head(r, watch_names[k], "gauge", watch_helps[k]);
+    px_watch_each(srv, watch_series, &w);
+  }
+}
+
 /* The process metrics every Prometheus client library exports, under
  * their standard names, so dashboards made for them work unchanged. */
 static void render_process(px_server *srv, px_admin_response *r) {
@@ -389,6 +461,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   render_labelled(srv, r);
   render_histograms(srv, r);
   render_unsettled(srv, r);
+  render_watch(srv, r);
   render_tls(srv, r);
   gauge(r, "rebound_ready", "1 when /readyz answers ready",
         px_server_ready(srv));

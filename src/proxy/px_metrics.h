@@ -30,7 +30,8 @@ void px_metrics_declare_known(struct px_server *srv);
  * each series once, its values summed, except rebound_ready,
  * rebound_uptime_seconds, rebound_build_info, process_start_time_seconds
  * and rebound_tls_certificate_expiry_seconds (the first text's),
- * rebound_unsettled_oldest_seconds and process_open_fds (the largest) and
+ * rebound_unsettled_oldest_seconds, the watched queues' gauges
+ * (px_watch.h) and process_open_fds (the largest) and
  * process_max_fds (the smallest). Of a text with
  * counters_only[i] (counters_only may be NULL: none), only the series of
  * counter and histogram families count. Returns 0, or -1 when out of memory. */

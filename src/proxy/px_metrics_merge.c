@@ -51,6 +51,12 @@ static const struct {
     {"process_start_time_seconds", FIRST},
     {"rebound_tls_certificate_expiry_seconds", FIRST},
     {"rebound_unsettled_oldest_seconds", MAX},
+    /* workers that watch the same queue see the same thing */
+    {"rebound_tier_depth", MAX},
+    {"rebound_tier_oldest_age_seconds", MAX},
+    {"rebound_tier_overdue", MAX},
+    {"rebound_dead_letter_depth", MAX},
+    {"rebound_source_queue_missing", MAX},
     /* a descriptor limit is per process: the fullest one counts */
     {"process_open_fds", MAX},
     {"process_max_fds", MIN},

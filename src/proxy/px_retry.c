@@ -40,6 +40,7 @@
 #include "px_retry.h"
 #include "px_server.h"
 #include "px_track.h"
+#include "px_watch.h"
 #include "retry_policy.h"
 
 typedef struct px_retry_op {
@@ -57,6 +58,7 @@ typedef struct px_retry_op {
   char target[RETRY_NAME_MAX + 1];
   char queue[RETRY_NAME_MAX + 1]; /* the source, for metrics */
   char tier[16];                  /* "1s", for metrics */
+  uint32_t delay_ms;              /* the tier's (0: dead-lettered) */
   uint64_t refused_ms;            /* when the broker first nacked a copy of this
                                      delivery (the loop's clock; 0: never) */
 } px_retry_op;
@@ -492,6 +494,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->reason = reason;
   memcpy(op->target, plan->target, plan->target_len + 1);
   snprintf(op->queue, sizeof op->queue, "%s", px_dl_queue(d));
+  op->delay_ms = plan->action == RETRY_REPUBLISH ? plan->delay_ms : 0;
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
     op->tier[0] = '\0';
   if (s->ops.n == 1)
@@ -1408,6 +1411,27 @@ static void log_dead_lettered(px_session *s, const px_retry_op *op,
           PX_U("latency_us", us));
 }
 
+/* A copy confirmed and its original acked: counted, logged, and its queue
+ * watched (px_watch.h). */
+static void count_copy(px_session *s, const px_retry_op *op,
+                       const px_delivery *d, uint64_t us) {
+  px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
+  px_queue_count(s->srv, d ? d->qid : px_metrics_queue(s->srv, op->queue),
+                 op->dead_letter ? PX_QC_DEAD_LETTERED : PX_QC_RETRIED);
+  px_watch_copied(s->srv, s, op->target, op->queue, op->delay_ms);
+  if (op->dead_letter) {
+    px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
+    s->srv->stats.dead_lettered_total++;
+    log_dead_lettered(s, op, d, us);
+  } else {
+    px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
+    s->srv->stats.retried_total++;
+    px_debug("retry_published", PX_U("id", s->id),
+             PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
+             PX_S("target", op->target), PX_U("latency_us", us));
+  }
+}
+
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
   uint64_t us = now_us() - op->started_us;
@@ -1429,20 +1453,7 @@ static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
       return;
     if (timeout)
       timed_out(s, op, d);
-    px_metrics_observe(s->srv, PX_H_RETRY, 0, us);
-    px_queue_count(s->srv, d ? d->qid : px_metrics_queue(s->srv, op->queue),
-                   op->dead_letter ? PX_QC_DEAD_LETTERED : PX_QC_RETRIED);
-    if (op->dead_letter) {
-      px_metrics_inc(s->srv, PX_M_DEAD_LETTERED, op->queue, op->reason);
-      s->srv->stats.dead_lettered_total++;
-      log_dead_lettered(s, op, d, us);
-    } else {
-      px_metrics_inc(s->srv, PX_M_RETRIES, op->queue, op->tier);
-      s->srv->stats.retried_total++;
-      px_debug("retry_published", PX_U("id", s->id),
-               PX_U("channel", op->client_ch), PX_U("delivery_tag", op->tag),
-               PX_S("target", op->target), PX_U("latency_us", us));
-    }
+    count_copy(s, op, d, us);
     px_track_settle(s, c, op->tag, false);
     if (c->tx)
       c->tx_acked++; /* the client's commit makes it so */

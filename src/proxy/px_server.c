@@ -32,6 +32,7 @@
 #include "px_session.h"
 #include "px_tls.h"
 #include "px_view.h"
+#include "px_watch.h"
 #include "px_workers.h"
 
 #define PX_PROBE_INTERVAL_MS 2000
@@ -293,6 +294,7 @@ static void on_janitor(uv_timer_t *t) {
   if ((srv->draining && !srv->client_wait) || srv->stopped)
     return;
   px_view_check(srv);
+  px_watch_tick(srv, uv_now(srv->loop));
   for (px_session *s = srv->sessions, *next; s; s = next) {
     next = px_session_next(s);
     px_session_tick(s, srv->shortest_timeout_ms);
@@ -320,6 +322,7 @@ void px_server_stop(px_server *srv) {
   uv_close((uv_handle_t *)&srv->probe_timer, NULL);
   uv_close((uv_handle_t *)&srv->janitor_timer, NULL);
   px_probe_stop(&srv->probe);
+  px_watch_free(srv);
   px_workers_stop(srv); /* answers the admin requests waiting for workers */
   if (srv->admin_on) {
     srv->admin_on = false;
@@ -707,6 +710,7 @@ void px_server_close(px_server *srv) {
 }
 
 void px_server_free(px_server *srv) {
+  px_watch_free(srv);
   px_tls_ctx_unref(srv->tls_server);
   px_tls_ctx_unref(srv->tls_upstream);
   srv->tls_server = srv->tls_upstream = NULL;

@@ -57,6 +57,8 @@ typedef struct px_stats {
   uint64_t tx_rolled_back;      /* rebound's acks a tx.rollback undid */
   uint64_t counts_unreadable;   /* count headers not an integer >= 0 */
   uint64_t consumer_lost;       /* deliveries counted for it */
+  uint64_t tiers_unwatched;     /* queues px_watch had no room or login for */
+  uint64_t tier_watch_failures; /* its looks that failed (px_watch.h) */
 } px_stats;
 
 #define PX_HIST_BUCKETS 13
@@ -171,7 +173,8 @@ typedef struct px_server {
   /* --workers (px_workers.h): the other processes (worker 0) or the
    * control socket (the others); NULL with one worker */
   struct px_workers *workers;
-  uint64_t cache_total; /* this worker's share of cfg->cache_total */
+  uint64_t cache_total;   /* this worker's share of cfg->cache_total */
+  struct px_watch *watch; /* the tiers in use (px_watch.h); NULL: none yet */
 } px_server;
 
 /* Drain as on SIGTERM (`signum` is logged): stop accepting, close every

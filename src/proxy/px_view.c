@@ -9,11 +9,22 @@
 #include "px_queues.h"
 #include "px_server.h"
 #include "px_session.h"
+#include "px_watch.h"
 #include "retry_policy.h"
 
 #define SUMMARY_MAX 100 /* flagged queues listed in /v1/status */
 
-enum { FLAG_NO_ACK = 1, FLAG_FALLBACK = 2 };
+/* What keeps a queue's policy from acting (NO_ACK, FALLBACK; logged by
+ * px_view_check), and what rebound's watch of its tiers found (OVERDUE,
+ * SOURCE_MISSING; logged by px_watch). */
+enum {
+  FLAG_NO_ACK = 1,
+  FLAG_FALLBACK = 2,
+  FLAG_OVERDUE = 4,
+  FLAG_SOURCE_MISSING = 8,
+  FLAG_LAST = FLAG_SOURCE_MISSING,
+  FLAGS_CHECKED = FLAG_NO_ACK | FLAG_FALLBACK
+};
 
 static void json_delay(px_admin_response *r, uint32_t ms) {
   char d[16];
@@ -69,12 +80,30 @@ static int policy_of(px_server *srv, px_queue_stat *q) {
   return q->policy;
 }
 
-/* What keeps a queue's policy from acting (FLAG_*), 0 if nothing. */
+typedef struct watch_flags {
+  const char *source;
+  unsigned f;
+} watch_flags;
+
+static void watch_flag(void *ctx, const px_watch_info *w) {
+  watch_flags *wf = ctx;
+  if (w->dead_letter || strcmp(w->source, wf->source) != 0)
+    return;
+  if (w->overdue)
+    wf->f |= FLAG_OVERDUE;
+  if (w->source_missing && w->depth != 0)
+    wf->f |= FLAG_SOURCE_MISSING;
+}
+
+/* What keeps a queue's policy from acting or its copies from coming back
+ * (FLAG_*), 0 if nothing. */
 static unsigned flags_of(px_server *srv, px_queue_stat *q) {
   const uint64_t *n = q->n;
   if (policy_of(srv, q) < 0)
     return 0;
-  unsigned f = 0;
+  watch_flags wf = {q->name, 0};
+  px_watch_each(srv, watch_flag, &wf);
+  unsigned f = wf.f;
   if (n[PX_QC_DELIVERED_NO_ACK] && !n[PX_QC_DELIVERED])
     f |= FLAG_NO_ACK;
   if (n[PX_QC_REQUEUED] && !n[PX_QC_RETRIED] && !n[PX_QC_DEAD_LETTERED])
@@ -83,16 +112,25 @@ static unsigned flags_of(px_server *srv, px_queue_stat *q) {
 }
 
 static const char *flag_text(unsigned flag) {
-  return flag == FLAG_NO_ACK
-             ? "no-ack: every delivery went to a no-ack consumer or get, "
-               "so nothing can be retried"
-             : "fallback: every requeue went to the broker as the client's, "
-               "none was retried";
+  switch (flag) {
+  case FLAG_NO_ACK:
+    return "no-ack: every delivery went to a no-ack consumer or get, so "
+           "nothing can be retried";
+  case FLAG_FALLBACK:
+    return "fallback: every requeue went to the broker as the client's, none "
+           "was retried";
+  case FLAG_OVERDUE:
+    return "tier overdue: a tier holds a copy older than its delay plus "
+           "--tier-grace (see tiers)";
+  default:
+    return "source missing: the queue does not exist while copies wait in "
+           "its tiers; the broker drops them when they expire";
+  }
 }
 
 static void json_flags(px_admin_response *r, unsigned f) {
   px_admin_printf(r, ",\"flags\":[");
-  for (unsigned bit = 1, k = 0; bit <= FLAG_FALLBACK; bit <<= 1)
+  for (unsigned bit = 1, k = 0; bit <= FLAG_LAST; bit <<= 1)
     if (f & bit) {
       px_admin_printf(r, "%s", k++ ? "," : "");
       px_admin_json_string(r, flag_text(bit));
@@ -102,6 +140,48 @@ static void json_flags(px_admin_response *r, unsigned f) {
 
 static void json_unsettled(px_admin_response *r, const px_view_unsettled *u,
                            uint64_t now_us);
+
+typedef struct tiers_json {
+  px_admin_response *r;
+  const char *source;
+  unsigned n;
+} tiers_json;
+
+static void tier_json(void *ctx, const px_watch_info *w) {
+  tiers_json *t = ctx;
+  if (strcmp(w->source, t->source) != 0)
+    return;
+  px_admin_response *r = t->r;
+  px_admin_printf(r, "%s{\"queue\":", t->n++ ? "," : "");
+  px_admin_json_string(r, w->queue);
+  px_admin_printf(r, ",\"tier\":");
+  if (w->dead_letter)
+    px_admin_printf(r, "null,\"dead_letter\":true");
+  else
+    px_admin_json_string(r, w->tier);
+  if (w->depth >= 0)
+    px_admin_printf(r, ",\"depth\":%lld", (long long)w->depth);
+  else
+    px_admin_printf(r, ",\"depth\":null");
+  if (!w->dead_letter) {
+    if (w->oldest_age_s >= 0)
+      px_admin_printf(r, ",\"oldest_age_seconds\":%.0f", w->oldest_age_s);
+    px_admin_printf(r, ",\"overdue\":%s,\"healed\":%llu",
+                    w->overdue ? "true" : "false",
+                    (unsigned long long)w->healed);
+  }
+  px_admin_printf(r, ",\"exists\":%s}", w->missing ? "false" : "true");
+}
+
+/* The tiers and dead-letter queue of `source` rebound watches
+ * (px_watch.h): "tiers":[...], at their last look. */
+static void json_tiers(px_server *srv, px_admin_response *r,
+                       const char *source) {
+  tiers_json t = {r, source, 0};
+  px_admin_printf(r, ",\"tiers\":[");
+  px_watch_each(srv, tier_json, &t);
+  px_admin_printf(r, "]");
+}
 
 static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
                        const px_view_unsettled *u) {
@@ -121,6 +201,7 @@ static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
                   q->seen_gen == srv->cfg_gen + 1 ? "true" : "false");
   if (u)
     json_unsettled(r, u, uv_hrtime() / 1000);
+  json_tiers(srv, r, q->name);
   json_flags(r, flags_of(srv, q));
   px_admin_printf(r, "}");
 }
@@ -329,7 +410,7 @@ void px_view_summary(px_server *srv, px_admin_response *r) {
 /* ---- the check ---------------------------------------------------------- */
 
 static void check_queue(px_server *srv, px_queue_stat *q) {
-  unsigned f = flags_of(srv, q) & ~q->logged;
+  unsigned f = flags_of(srv, q) & FLAGS_CHECKED & ~q->logged;
   for (unsigned bit = 1; bit <= FLAG_FALLBACK; bit <<= 1)
     if (f & bit)
       px_warn("queue_policy_ineffective", PX_S("queue", q->name),

@@ -1,0 +1,210 @@
+"""rebound watches the tiers and dead-letter queues it hands copies to
+(README, "Tiers that stop giving copies back"): a tier whose oldest copy is
+older than its delay plus --tier-grace is overdue (a warn line, a gauge, a
+flag in /v1/queues); one overdue by far more is moved back to its source
+queue by rebound; a source queue deleted while copies wait in its tiers is
+reported. Real pika clients through rebound against the real broker.
+
+A tier that keeps copies past their delay cannot be made on one node on
+demand (the cluster test in test_cluster.py makes a real one): here the
+stuck copy is one the test puts into the tier with a last-failed-at ten
+minutes ago, which is what such a copy looks like to rebound."""
+import datetime
+import json
+
+import pika
+
+import rbtest
+from retryhelp import count_of, direct, dlq, pump, tier
+from test_admin import admin_rebound, get, metrics
+
+assert direct  # a fixture
+
+PREFIX = "rebound-"
+
+
+def watch_rebound(factory, q, *extra):
+    return admin_rebound(factory, "--retry-queues", q, "--retry-tiers", "30s",
+                         "--max-attempts", "3", "--tier-watch", "200ms",
+                         "--tier-grace", "1s", *extra)
+
+
+def series(name, q, t="30s"):
+    return '%s{queue="%s",tier="%s"}' % (name, q, t)
+
+
+def wait_metric(rb, key, want, timeout=20):
+    return rbtest.wait_until(
+        lambda: metrics(rb.admin_port).get(key) == want, timeout,
+        lambda: "%s == %r (now %r)" % (key, want,
+                                       metrics(rb.admin_port).get(key)))
+
+
+def queue_view(rb, q):
+    status, _, body = get(rb.admin_port, "/v1/queues")
+    assert status == 200
+    for entry in json.loads(body)["queues"]:
+        if entry["name"] == q:
+            return entry
+    raise AssertionError("%s not in /v1/queues: %s" % (q, body))
+
+
+def fail_once(rb, broker, q, body):
+    """Publish `body` to q and nack its delivery once through rebound: its
+    copy waits in the 30s tier."""
+    conn = rb.pika(broker)
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True)
+    ch.basic_publish("", q, body, pika.BasicProperties(delivery_mode=2))
+    got = []
+
+    def on_message(chan, method, props, b):
+        got.append(b)
+        chan.basic_nack(method.delivery_tag, requeue=True)
+
+    tag = ch.basic_consume(q, on_message)
+    pump(conn, lambda: got, 10, lambda: "a delivery of %s" % q)
+    ch.basic_cancel(tag)
+    return conn, ch
+
+
+def wait_depth(direct, name, n, timeout=10):
+    def depth():
+        ch = direct.conn.channel()
+        try:
+            return ch.queue_declare(name, passive=True).method.message_count
+        finally:
+            ch.close()
+    rbtest.wait_until(lambda: depth() == n, timeout,
+                      lambda: "%s holding %d (now %d)" % (name, n, depth()))
+
+
+def empty_tier(rb, direct, q):
+    """Purge q's tier, once rebound has looked at it, until rebound sees it
+    empty (a look holds the oldest copy for a moment, out of a purge's
+    reach: that purge is repeated)."""
+    name = tier(q, "30s")
+    age = series("rebound_tier_oldest_age_seconds", q)
+    rbtest.wait_until(lambda: age in metrics(rb.admin_port), 10,
+                      "a look into %s" % name)
+
+    def empty():
+        direct.conn.channel().queue_purge(name)
+        direct.conn.sleep(0.3)
+        return metrics(rb.admin_port).get(
+            series("rebound_tier_depth", q)) == 0.0
+    rbtest.wait_until(empty, 20, "%s seen empty" % name)
+    wait_depth(direct, name, 0)
+
+
+def stuck_copy(direct, q, body):
+    """A copy in q's tier that failed ten minutes ago."""
+    then = datetime.datetime.now(datetime.timezone.utc).replace(
+        microsecond=0) - datetime.timedelta(minutes=10)
+    headers = {PREFIX + "retry-count": 1, PREFIX + "source-queue": q,
+               PREFIX + "first-failed-at": then, PREFIX + "last-failed-at": then}
+    ch = direct.conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", tier(q, "30s"), body,
+                     pika.BasicProperties(delivery_mode=2, headers=headers,
+                                          message_id="stuck-1"))
+    ch.close()
+
+
+def test_overdue_tier_reported_until_it_empties(rebound_factory, broker,
+                                                direct):
+    q = direct.own(rbtest.uniq("watch"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q, "--tier-heal-after", "off")
+    fail_once(rb, broker, q, b"fresh")
+    wait_depth(direct, tier(q, "30s"), 1)
+    wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+    assert metrics(rb.admin_port)[series("rebound_tier_overdue", q)] == 0.0
+    assert "tier overdue" not in " ".join(queue_view(rb, q)["flags"])
+
+    empty_tier(rb, direct, q)
+    stuck_copy(direct, q, b"stuck")
+    wait_metric(rb, series("rebound_tier_overdue", q), 1.0)
+    m = metrics(rb.admin_port)
+    assert m[series("rebound_tier_oldest_age_seconds", q)] >= 590, m
+    line = rb.wait_log("tier_overdue", queue=q)
+    assert line["tier"] == tier(q, "30s") and line["level"] == "warn", line
+    view = queue_view(rb, q)
+    assert any(f.startswith("tier overdue") for f in view["flags"]), view
+    t = [x for x in view["tiers"] if x["tier"] == "30s"][0]
+    assert t["overdue"] is True and t["depth"] == 1 and t["healed"] == 0, t
+    # looked at, given back: it stays, in its place
+    wait_depth(direct, tier(q, "30s"), 1)
+
+    empty_tier(rb, direct, q)
+    wait_metric(rb, series("rebound_tier_overdue", q), 0.0)
+    rb.wait_log("tier_overdue_ended", queue=q)
+    assert not queue_view(rb, q)["flags"]
+
+
+def test_copy_overdue_by_far_goes_back_to_its_source(rebound_factory, broker,
+                                                     direct):
+    q = direct.own(rbtest.uniq("heal"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q, "--tier-heal-after", "1s")
+    conn, ch = fail_once(rb, broker, q, b"fresh")
+    wait_depth(direct, tier(q, "30s"), 1)
+    # a copy on time is looked at and left where it is, round after round
+    age = series("rebound_tier_oldest_age_seconds", q)
+    rbtest.wait_until(lambda: age in metrics(rb.admin_port), 10,
+                      "the fresh copy looked at")
+    assert metrics(rb.admin_port)[age] < 30
+    conn.sleep(1.0)
+    assert not rb.log_lines("tier_healed")
+    wait_depth(direct, tier(q, "30s"), 1)
+
+    empty_tier(rb, direct, q)
+    stuck_copy(direct, q, b"stuck")
+    line = rb.wait_log("tier_healed", queue=q)
+    assert line["moved"] == "1" and line["tier"] == tier(q, "30s"), line
+    assert int(line["oldest_age_s"]) >= 590, line
+    wait_metric(rb, series("rebound_tier_copies_healed_total", q), 1.0)
+    got = []
+
+    def on_message(chan, method, props, body):
+        got.append((body, props))
+        chan.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(q, on_message)
+    pump(conn, lambda: got, 10, lambda: "the healed copy back in %s" % q)
+    body, props = got[0]
+    assert body == b"stuck" and props.message_id == "stuck-1"
+    assert count_of(props) == 1, props.headers  # its attempt, as it was
+    assert PREFIX + "tier-healed-at" in props.headers, props.headers
+    wait_depth(direct, tier(q, "30s"), 0)
+    view = queue_view(rb, q)
+    t = [x for x in view["tiers"] if x["tier"] == "30s"][0]
+    assert t["healed"] == 1 and t["overdue"] is False, t
+    conn.sleep(1.0)  # more rounds: nothing else moves
+    assert [b for b, _ in got] == [b"stuck"]
+    assert len(rb.log_lines("tier_healed")) == 1
+    conn.close()
+
+
+def test_source_deleted_under_its_tier_is_reported(rebound_factory, broker,
+                                                   direct):
+    q = direct.own(rbtest.uniq("gone"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q)
+    conn, _ = fail_once(rb, broker, q, b"waiting")
+    wait_depth(direct, tier(q, "30s"), 1)
+    wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+    key = series("rebound_source_queue_missing", q)
+    assert metrics(rb.admin_port)[key] == 0.0
+
+    direct.conn.channel().queue_delete(q)
+    wait_metric(rb, key, 1.0)
+    line = rb.wait_log("source_queue_missing", queue=q)
+    assert line["depth"] == "1" and line["level"] == "warn", line
+    view = queue_view(rb, q)
+    assert any(f.startswith("source missing") for f in view["flags"]), view
+
+    direct.conn.channel().queue_declare(q, durable=True)
+    wait_metric(rb, key, 0.0)
+    rb.wait_log("source_queue_missing_ended", queue=q)
+    conn.close()
