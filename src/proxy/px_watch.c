@@ -121,12 +121,8 @@ static bool limit_pass(px_log_limit *l, uint64_t now_ms) {
 static px_watch *watch_of(px_server *srv) {
   if (!srv->watch) {
     srv->watch = calloc(1, sizeof *srv->watch);
-    if (srv->watch) {
+    if (srv->watch)
       srv->watch->srv = srv;
-      if (retry_header_name(&srv->cfg->retry, "last-failed-at",
-                            srv->watch->h_last, sizeof srv->watch->h_last) < 0)
-        srv->watch->h_last[0] = '\0';
-    }
   }
   return srv->watch;
 }
@@ -497,6 +493,9 @@ static void start_round(watch_vhost *v) {
   px_watch *w = v->w;
   unsigned vh = (unsigned)(v - w->vhosts), n = 0;
   px_dlq_request *req = request(v, PX_DLQ_COUNT);
+  if (retry_header_name(&w->srv->cfg->retry, "last-failed-at", w->h_last,
+                        sizeof w->h_last) < 0) /* the prefix may be reloaded */
+    w->h_last[0] = '\0';
   for (unsigned k = 0; k < w->nq; k++) {
     watch_q *q = &w->q[(v->count_from + k) % w->nq];
     if (q->vh != vh)

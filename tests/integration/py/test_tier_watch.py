@@ -208,3 +208,32 @@ def test_source_deleted_under_its_tier_is_reported(rebound_factory, broker,
     wait_metric(rb, key, 0.0)
     rb.wait_log("source_queue_missing_ended", queue=q)
     conn.close()
+
+
+def test_alert_rules_use_exported_metrics(rebound_factory):
+    """deploy/prometheus/rules.yml alerts on what rebound exports: every
+    metric a rule names is one of its families, and the tier watch's
+    findings each have a rule."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import yaml
+    rb = admin_rebound(rebound_factory)
+    _, _, body = get(rb.admin_port, "/metrics")
+    declared = set(re.findall(r"^# TYPE (\S+) ", body, re.M))
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy",
+                        "prometheus", "rules.yml")
+    rules = [r for g in yaml.safe_load(open(path))["groups"]
+             for r in g["rules"]]
+    used = set()
+    for r in rules:
+        names = set(re.findall(r"\b(rebound_[a-z_]+)", r["expr"]))
+        assert names, r
+        used |= names
+    assert used <= declared, sorted(used - declared)
+    assert {"rebound_tier_overdue", "rebound_source_queue_missing",
+            "rebound_tier_copies_healed_total",
+            "rebound_tier_watch_failures_total"} <= used
+    if shutil.which("promtool"):
+        subprocess.run(["promtool", "check", "rules", path], check=True)
