@@ -44,6 +44,7 @@ typedef struct watch_vhost {
   char name[256];
   char user[256], password[256];
   bool creds;
+  uint64_t login_of; /* the session it is from (px_session.id) */
   vhost_state state;
   px_dlq *op;
   uint64_t next_ms;
@@ -161,15 +162,28 @@ static int login_creds(const px_pub_login *l, char *user, char *password,
   return -1;
 }
 
+static bool vhost_in_use(const px_watch *w, unsigned vh) {
+  for (unsigned i = 0; i < w->nq; i++)
+    if (w->q[i].vh == vh)
+      return true;
+  return false;
+}
+
 static watch_vhost *vhost_for(px_watch *w, const px_session *s) {
   char name[256];
   copy_str(name, sizeof name, s->login.vhost);
   for (unsigned i = 0; i < w->nvhosts; i++)
     if (strcmp(w->vhosts[i].name, name) == 0)
       return &w->vhosts[i];
-  if (w->nvhosts == PX_WATCH_VHOSTS)
+  watch_vhost *v = NULL;
+  for (unsigned i = 0; i < w->nvhosts && !v; i++)
+    if (!w->vhosts[i].creds && w->vhosts[i].state == V_IDLE &&
+        !vhost_in_use(w, i))
+      v = &w->vhosts[i]; /* a vhost forgotten: its place is free */
+  if (!v && w->nvhosts == PX_WATCH_VHOSTS)
     return NULL;
-  watch_vhost *v = &w->vhosts[w->nvhosts++];
+  if (!v)
+    v = &w->vhosts[w->nvhosts++];
   memset(v, 0, sizeof *v);
   snprintf(v->name, sizeof v->name, "%s", name);
   v->w = w;
@@ -179,6 +193,8 @@ static watch_vhost *vhost_for(px_watch *w, const px_session *s) {
 /* The vhost's login: the latest session's, when it can be used. */
 static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
   char user[256], password[256];
+  if (v->creds && v->login_of == s->id)
+    return; /* this session's, already */
   if (!s->login_auth ||
       login_creds(&s->login, user, password, sizeof user) != 0) {
     if (!v->creds && limit_pass(&w->login_log, uv_now(w->srv->loop)))
@@ -196,6 +212,7 @@ static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
   memcpy(v->user, user, sizeof user);
   memcpy(v->password, password, sizeof password);
   v->creds = true;
+  v->login_of = s->id;
   explicit_bzero(password, sizeof password);
 }
 
@@ -253,6 +270,11 @@ static void count_event(void *ctx, const px_dlq_count *c) {
     if (q->vh != vh)
       continue;
     if (strcmp(q->name, c->name) == 0 && !c->error) {
+      if (!c->exists && !q->missing && q->depth > 0)
+        px_warn("tier_deleted", PX_S("queue", q->source), PX_S("tier", q->name),
+                PX_I("depth_before", q->depth), PX_S("vhost", v->name),
+                PX_S("note", "the copies it held are gone; rebound declares "
+                             "it again at its next copy"));
       q->missing = !c->exists;
       q->depth = c->exists ? c->messages : 0;
       if (q->depth == 0) { /* the next copy is looked at at once */
@@ -476,7 +498,7 @@ static void end_round(watch_vhost *v) {
   for (unsigned i = 0; i < w->nq; i++) {
     watch_q *q = &w->q[i];
     bool over = q->vh == vh && q->depth == 0 && !q->overdue &&
-                !q->source_missing && !q->missing &&
+                !q->source_missing &&
                 now - q->last_copy_ms > PX_WATCH_FORGET_MS + q->delay_ms;
     if (!over)
       w->q[k++] = *q;
@@ -484,6 +506,11 @@ static void end_round(watch_vhost *v) {
   w->nq = k;
   if (v->peek_from >= w->nq)
     v->peek_from = 0;
+  if (!vhost_in_use(w, vh)) { /* nothing left to watch there */
+    explicit_bzero(v->password, sizeof v->password);
+    v->creds = false;
+    v->next_ms = 0;
+  }
 }
 
 /* COUNT every queue of the vhost and each tier's source (at most

@@ -210,6 +210,23 @@ def test_source_deleted_under_its_tier_is_reported(rebound_factory, broker,
     conn.close()
 
 
+
+def test_tier_deleted_with_copies_is_reported(rebound_factory, broker,
+                                              direct):
+    """An operator deleting a tier that held copies loses them: rebound
+    cannot bring them back, but says so."""
+    q = direct.own(rbtest.uniq("tdel"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q)
+    conn, _ = fail_once(rb, broker, q, b"lost with its tier")
+    wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+    direct.conn.channel().queue_delete(tier(q, "30s"))
+    line = rb.wait_log("tier_deleted", queue=q)
+    assert line["depth_before"] == "1" and line["level"] == "warn", line
+    t = [x for x in queue_view(rb, q)["tiers"] if x["tier"] == "30s"][0]
+    assert t["exists"] is False and t["depth"] == 0, t
+    conn.close()
+
 def test_alert_rules_use_exported_metrics(rebound_factory):
     """deploy/prometheus/rules.yml alerts on what rebound exports: every
     metric a rule names is one of its families, and the tier watch's
