@@ -44,7 +44,8 @@ typedef struct watch_vhost {
   char name[256];
   char user[256], password[256];
   bool creds;
-  uint64_t login_of; /* the session it is from (px_session.id) */
+  bool login_refused; /* the broker refused it: the next client's is taken */
+  unsigned last_q;    /* the queue the latest copy went to (an index) */
   vhost_state state;
   px_dlq *op;
   uint64_t next_ms;
@@ -171,10 +172,12 @@ static bool vhost_in_use(const px_watch *w, unsigned vh) {
 
 static watch_vhost *vhost_for(px_watch *w, const px_session *s) {
   char name[256];
-  copy_str(name, sizeof name, s->login.vhost);
+  amqp_bytes b = s->login.vhost;
   for (unsigned i = 0; i < w->nvhosts; i++)
-    if (strcmp(w->vhosts[i].name, name) == 0)
+    if (strlen(w->vhosts[i].name) == b.len &&
+        memcmp(w->vhosts[i].name, b.ptr, b.len) == 0)
       return &w->vhosts[i];
+  copy_str(name, sizeof name, b);
   watch_vhost *v = NULL;
   for (unsigned i = 0; i < w->nvhosts && !v; i++)
     if (!w->vhosts[i].creds && w->vhosts[i].state == V_IDLE &&
@@ -193,8 +196,8 @@ static watch_vhost *vhost_for(px_watch *w, const px_session *s) {
 /* The vhost's login: the latest session's, when it can be used. */
 static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
   char user[256], password[256];
-  if (v->creds && v->login_of == s->id)
-    return; /* this session's, already */
+  if (v->creds && !v->login_refused)
+    return; /* the one it has works */
   if (!s->login_auth ||
       login_creds(&s->login, user, password, sizeof user) != 0) {
     if (!v->creds && limit_pass(&w->login_log, uv_now(w->srv->loop)))
@@ -212,7 +215,7 @@ static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
   memcpy(v->user, user, sizeof user);
   memcpy(v->password, password, sizeof password);
   v->creds = true;
-  v->login_of = s->id;
+  v->login_refused = false;
   explicit_bzero(password, sizeof password);
 }
 
@@ -228,11 +231,14 @@ void px_watch_copied(px_server *srv, const px_session *s, const char *queue,
   }
   take_login(w, v, s);
   unsigned vh = (unsigned)(v - w->vhosts);
-  for (unsigned i = 0; i < w->nq; i++)
+  for (unsigned k = 0; k < w->nq; k++) { /* the latest one first */
+    unsigned i = (v->last_q + k) % w->nq;
     if (w->q[i].vh == vh && strcmp(w->q[i].name, queue) == 0) {
       w->q[i].last_copy_ms = uv_now(srv->loop);
+      v->last_q = i;
       return;
     }
+  }
   if (w->nq == PX_WATCH_MAX) {
     srv->stats.tiers_unwatched++;
     if (limit_pass(&w->full_log, uv_now(srv->loop)))
@@ -292,6 +298,8 @@ static void op_failed(watch_vhost *v, const px_dlq_result *r,
                       const char *what) {
   px_server *srv = v->w->srv;
   srv->stats.tier_watch_failures++;
+  if (r->status == PX_DLQ_REFUSED)
+    v->login_refused = true;
   if (limit_pass(&v->fail_log, uv_now(srv->loop)))
     px_warn("tier_watch_failed", PX_S("vhost", v->name), PX_S("user", v->user),
             PX_S("step", what), PX_S("status", px_dlq_status_text(r->status)),
