@@ -230,6 +230,8 @@ void px_watch_copied(px_server *srv, const px_session *s, const char *queue,
     return;
   }
   take_login(w, v, s);
+  if (!v->creds)
+    srv->stats.tiers_unwatched++; /* kept: a later client may log in */
   unsigned vh = (unsigned)(v - w->vhosts);
   for (unsigned k = 0; k < w->nq; k++) { /* the latest one first */
     unsigned i = (v->last_q + k) % w->nq;

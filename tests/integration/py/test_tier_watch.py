@@ -254,3 +254,18 @@ def test_alert_rules_use_exported_metrics(rebound_factory):
             "rebound_tier_watch_failures_total"} <= used
     if shutil.which("promtool"):
         subprocess.run(["promtool", "check", "rules", path], check=True)
+
+
+def test_no_login_to_watch_with_is_said(rebound_factory, broker, direct):
+    """With retry_connection: shared rebound keeps no client login, so it
+    cannot look at the tiers: said once, counted per copy, not silent."""
+    q = direct.own(rbtest.uniq("nologin"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q, "--retry-connection", "shared")
+    conn, _ = fail_once(rb, broker, q, b"m")
+    line = rb.wait_log("tier_watch_no_login")
+    assert "shared" in line["reason"], line
+    wait_metric(rb, "rebound_tiers_unwatched_total", 1.0)
+    conn.sleep(0.6)
+    assert series("rebound_tier_depth", q) not in metrics(rb.admin_port)
+    conn.close()
