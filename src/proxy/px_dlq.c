@@ -162,8 +162,10 @@ static void finish(px_dlq *d, px_dlq_status st, uint16_t code,
   if (why != d->error)
     snprintf(d->error, sizeof d->error, "%s", why ? why : "");
   d->res.error = d->error;
-  if (d->req.kind == PX_DLQ_REDRIVE && !d->req.dry_run)
+  if (d->req.kind == PX_DLQ_REDRIVE && !d->req.dry_run) {
     d->res.not_moved = not_moved(d, st);
+    d->res.unsettled = d->seq - d->seq_settled;
+  }
   if (!d->cancelled && d->ev->done)
     d->ev->done(d->ctx, &d->res);
   release(d);

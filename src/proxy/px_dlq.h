@@ -136,6 +136,9 @@ typedef struct px_dlq_result {
   uint64_t not_moved; /* REDRIVE: left in the queue: taken and not moved,
                          and after a failure those not taken */
   uint64_t unsourced; /* REDRIVE: of those, without a source to go to */
+  uint64_t unsettled; /* REDRIVE: copies published whose message was not
+                         acked (a run cut short): they may be in both
+                         queues */
   uint64_t purged;    /* PURGE */
 } px_dlq_result;
 

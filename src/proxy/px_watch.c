@@ -268,6 +268,7 @@ void px_watch_copied(px_server *srv, const px_session *s, const char *queue,
 
 static void start_peeks(watch_vhost *v);
 static void end_round(watch_vhost *v);
+static void op_failed(watch_vhost *v, const px_dlq_result *r, const char *what);
 
 static void count_event(void *ctx, const px_dlq_count *c) {
   watch_vhost *v = ctx;
@@ -277,6 +278,13 @@ static void count_event(void *ctx, const px_dlq_count *c) {
     watch_q *q = &w->q[i];
     if (q->vh != vh)
       continue;
+    if (c->error && (strcmp(q->name, c->name) == 0 ||
+                     (q->delay_ms && strcmp(q->source, c->name) == 0))) {
+      px_dlq_result r = {
+          .status = PX_DLQ_REFUSED, .code = 403, .error = c->error};
+      op_failed(v, &r, "count"); /* the user may not read it */
+      break;
+    }
     if (strcmp(q->name, c->name) == 0 && !c->error) {
       if (!c->exists && !q->missing && q->depth > 0)
         px_warn("tier_deleted", PX_S("queue", q->source), PX_S("tier", q->name),
@@ -403,6 +411,12 @@ static void heal_done(void *ctx, const px_dlq_result *r) {
     q->missing = true;
   else if (r->status != PX_DLQ_OK)
     op_failed(v, r, "look into a tier");
+  if (r->unsettled)
+    px_warn("tier_heal_cut_short", PX_S("queue", q->source),
+            PX_S("tier", q->name), PX_U("moved", r->moved),
+            PX_U("unsettled", r->unsettled), PX_S("error", r->error),
+            PX_S("note", "copies published to the source queue whose tier "
+                         "message was not acked: they may now be in both"));
   start_peeks(v);
 }
 

@@ -269,3 +269,47 @@ def test_no_login_to_watch_with_is_said(rebound_factory, broker, direct):
     conn.sleep(0.6)
     assert series("rebound_tier_depth", q) not in metrics(rb.admin_port)
     conn.close()
+
+
+def test_user_who_may_no_longer_read_the_tier(rebound_factory, broker, ctl,
+                                              direct):
+    """The watch logs in as the client: once that user may no longer read
+    the tier (permissions changed), its copies cannot be looked at. Said
+    and counted, the depth still shown."""
+    import os
+    user = "rbt-wread-%d" % os.getpid()
+    q = direct.own("rbt-wread-%d-q" % os.getpid())
+    direct.own(dlq(q))
+    ctl.ctl("add_user", user, "pw")
+    try:
+        ctl.ctl("set_permissions", "-p", broker.vhost, user, ".*", ".*", ".*")
+        rb = watch_rebound(rebound_factory, q)
+        params = rb.pika_params(broker)
+        params.credentials = pika.PlainCredentials(user, "pw")
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.queue_declare(q, durable=True)
+        ch.basic_publish("", q, b"m")
+        got = []
+        tag = ch.basic_consume(q, lambda c, m, p, b: (
+            got.append(b), c.basic_nack(m.delivery_tag, requeue=True)))
+        pump(conn, lambda: got, 10, lambda: "a delivery of %s" % q)
+        ch.basic_cancel(tag)
+        wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+        assert not rb.log_lines("tier_watch_failed")
+        # read only the source queue from now on
+        ctl.ctl("set_permissions", "-p", broker.vhost, user, ".*", ".*",
+                "^rbt-wread-[0-9]+-q$")
+        empty_tier(rb, direct, q)  # the next copy is looked at at once
+        direct.conn.channel().basic_publish(
+            "", tier(q, "30s"), b"copy", pika.BasicProperties(headers={
+                PREFIX + "last-failed-at": datetime.datetime.now(
+                    datetime.timezone.utc).replace(microsecond=0)}))
+        line = rb.wait_log("tier_watch_failed", step="look into a tier")
+        assert line["status"] == "refused by the broker", line
+        assert line["user"] == user, line
+        assert metrics(rb.admin_port)["rebound_tier_watch_failures_total"] >= 1
+        assert metrics(rb.admin_port)[series("rebound_tier_depth", q)] == 1.0
+        conn.close()
+    finally:
+        ctl.ctl("delete_user", user)
