@@ -477,6 +477,25 @@ static void start_peeks(watch_vhost *v) {
   end_round(v);
 }
 
+/* Forget the queues of vhost `vh` that are over: empty, unflagged, no
+ * copy for PX_WATCH_FORGET_MS. The table is compacted, so only while no
+ * other vhost's round is under way (a heal run points into it). */
+static void forget(px_watch *w, unsigned vh, uint64_t now) {
+  for (unsigned i = 0; i < w->nvhosts; i++)
+    if (i != vh && w->vhosts[i].state != V_IDLE)
+      return; /* at this vhost's next round */
+  unsigned k = 0;
+  for (unsigned i = 0; i < w->nq; i++) {
+    watch_q *q = &w->q[i];
+    bool over = q->vh == vh && q->depth == 0 && !q->overdue &&
+                !q->source_missing &&
+                now - q->last_copy_ms > PX_WATCH_FORGET_MS + q->delay_ms;
+    if (!over)
+      w->q[k++] = *q;
+  }
+  w->nq = k;
+}
+
 /* Log what changed, forget what is over, and wait for the next round. */
 static void end_round(watch_vhost *v) {
   px_watch *w = v->w;
@@ -517,17 +536,7 @@ static void end_round(watch_vhost *v) {
               PX_S("tier", q->name), PX_I("depth", q->depth));
     }
   }
-  /* forget what is over */
-  unsigned k = 0;
-  for (unsigned i = 0; i < w->nq; i++) {
-    watch_q *q = &w->q[i];
-    bool over = q->vh == vh && q->depth == 0 && !q->overdue &&
-                !q->source_missing &&
-                now - q->last_copy_ms > PX_WATCH_FORGET_MS + q->delay_ms;
-    if (!over)
-      w->q[k++] = *q;
-  }
-  w->nq = k;
+  forget(w, vh, now);
   if (v->peek_from >= w->nq)
     v->peek_from = 0;
   if (!vhost_in_use(w, vh)) { /* nothing left to watch there */
