@@ -598,7 +598,8 @@ static px_config_result load_layers(px_config *cfg, int argc, char **argv,
   return PX_CONFIG_OK;
 }
 
-/* Listeners and TLS files that only make sense together. */
+/* Listeners and TLS files that only make sense together, and the tier
+ * watch's two durations. */
 static int check_tls(const px_config *c, char *err, size_t errlen) {
   const px_tls_config *t = &c->tls;
   const char *why = NULL;
@@ -610,6 +611,10 @@ static int check_tls(const px_config *c, char *err, size_t errlen) {
     why = "--tls-cert, --tls-key and --tls-client-ca need --tls-listen";
   else if (!t->upstream_cert[0] != !t->upstream_key[0])
     why = "--upstream-cert and --upstream-key go together";
+  else if (c->tier_heal_after_ms && c->tier_heal_after_ms < c->tier_grace_ms)
+    why = "--tier-heal-after is shorter than --tier-grace: copies would be "
+          "moved before they are overdue (expected at least --tier-grace, "
+          "or off)";
   if (why)
     snprintf(err, errlen, "%s", why);
   return why ? -1 : 0;

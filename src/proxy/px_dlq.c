@@ -257,9 +257,10 @@ static void close_channel(px_dlq *d) {
 static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
   const char *drop_redrive[] = {d->h_count, d->h_reason, d->h_redriven,
                                 "x-delivery-count"};
-  const char *drop_heal[] = {d->h_healed, "x-delivery-count", "", ""};
+  const char *drop_heal[] = {d->h_healed, "x-delivery-count"};
   const char **drop = d->req.heal ? drop_heal : drop_redrive;
-  _Static_assert(sizeof drop_heal == sizeof drop_redrive, "as many");
+  size_t ndrop = d->req.heal ? sizeof drop_heal / sizeof drop_heal[0]
+                             : sizeof drop_redrive / sizeof drop_redrive[0];
   amqp_table_iter it;
   amqp_bytes key;
   amqp_field v;
@@ -267,7 +268,7 @@ static int redrive_headers(px_dlq *d, amqp_bytes src, amqp_writer *w) {
   amqp_table_iter_init(&it, src);
   while ((rc = amqp_table_next(&it, &key, &v)) > 0) {
     bool keep = true;
-    for (size_t i = 0; i < sizeof drop_heal / sizeof drop_heal[0]; i++)
+    for (size_t i = 0; i < ndrop; i++)
       keep = keep && !(key.len == strlen(drop[i]) &&
                        memcmp(key.ptr, drop[i], key.len) == 0);
     if (keep)
@@ -351,6 +352,8 @@ static bool oldest_confirmed(const px_dlq *d) {
 static void settle_confirmed(px_dlq *d) {
   while (oldest_confirmed(d) && d->unfenced < ACKS_PER_GET) {
     dlq_flight *f = &d->flight[d->seq_settled % PX_DLQ_WINDOW];
+    if (!f->acked)
+      d->res.nacked++;
     if (f->acked && !f->returned) {
       settle(d, f->tag);
       if (d->state == ST_DONE)
@@ -496,9 +499,9 @@ static void message_done(px_dlq *d) {
     px_dlq_message m = message_of(d);
     if (d->ev->message)
       d->ev->message(d->ctx, &m);
-  } else if (!d->stopped && !d->interrupted) {
+  } else if (!d->stopped && !d->interrupted && !d->cancelled) {
     px_dlq_message m = message_of(d);
-    if (d->ev->take && !d->cancelled && !d->ev->take(d->ctx, &m))
+    if (d->ev->take && !d->ev->take(d->ctx, &m))
       d->gets_done = true; /* it and the rest stay */
     else
       redrive_one(d);
@@ -630,9 +633,9 @@ static void channel_closed(px_dlq *d, const amqp_method *m) {
   if (d->state == ST_DONE)
     return;
   if (d->req.kind == PX_DLQ_COUNT && d->state == ST_RUNNING &&
-      (code == 404 || code == 403)) {
+      (code == 404 || code == 403 || code == 405)) {
     px_dlq_count c = {d->req.queues[d->counted], false, 0, 0,
-                      code == 403 ? text : NULL};
+                      code != 404 ? text : NULL, code};
     d->counted++;
     if (d->ev->count)
       d->ev->count(d->ctx, &c);
@@ -725,6 +728,7 @@ static void pub_ready(void *ctx) {
   px_dlq *d = ctx;
   d->frame_max = px_pub_frame_max(d->pub);
   d->state = ST_OPENING;
+  d->res.logged_in = true;
   uv_timer_start(&d->timer, on_idle, PX_DLQ_IDLE_MS, 0);
   send_simple(d, AMQP_CHANNEL_OPEN);
 }

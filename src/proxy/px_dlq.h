@@ -5,16 +5,15 @@
  *
  * One operation per connection, on channel 1:
  *   COUNT    queue.declare passive for each queue: exists, messages,
- *            consumers (a queue that does not exist closes the channel;
- *            it is opened again for the next). With no queue, only the
- *            login and the vhost are checked.
- *   SHOW     browse up to `limit` messages without removing them:
- *            basic.get without ack, then channel.close, on which the broker
- *            requeues them; done follows the broker's close-ok, so the
- *            messages are back when the caller hears of it. A classic
- *            queue puts them back at their places; they come back marked
- *            redelivered, and a quorum queue counts a delivery in their
- *            x-delivery-count. While browsed, other consumers do not get
+ *            consumers (a queue that does not exist, may not be read
+ *            (403) or is another connection's exclusive one (405) closes
+ *            the channel; it is opened again for the next). With no queue, only
+ * the login and the vhost are checked. SHOW     browse up to `limit` messages
+ * without removing them: basic.get without ack, then channel.close, on which
+ * the broker requeues them; done follows the broker's close-ok, so the messages
+ * are back when the caller hears of it. A classic queue puts them back at their
+ * places; they come back marked redelivered, and a quorum queue counts a
+ * delivery in their x-delivery-count. While browsed, other consumers do not get
  *            them.
  *   REDRIVE  each message (basic.get, up to `limit`) is published to its
  *            source queue (the `source-queue` header, or `to`) through the
@@ -113,7 +112,10 @@ typedef struct px_dlq_count {
   const char *name;
   bool exists;
   uint32_t messages, consumers;
-  const char *error; /* the broker refused to say (403 text), or NULL */
+  const char *error; /* the broker refused to say (403, 405: its text), or
+                        NULL; exists is then not known */
+  uint16_t code;     /* ... its reply code (405: another connection's
+                        exclusive queue, which exists) */
 } px_dlq_count;
 
 /* SHOW and a dry-run REDRIVE: one message, valid during the event. */
@@ -139,6 +141,10 @@ typedef struct px_dlq_result {
   uint64_t unsettled; /* REDRIVE: copies published whose message was not
                          acked (a run cut short): they may be in both
                          queues */
+  uint64_t nacked;    /* REDRIVE: copies the broker nacked (their messages
+                         stay) */
+  bool logged_in;     /* the broker accepted the login (a refusal after it
+                         is about a queue, not the credentials) */
   uint64_t purged;    /* PURGE */
 } px_dlq_result;
 

@@ -303,7 +303,7 @@ static void watch_series(void *ctx, const px_watch_info *q) {
   default: /* W_MISSING: per tier; the merge keeps the largest */
     if (q->dead_letter)
       return;
-    v = q->source_missing;
+    v = q->source_missing && q->depth != 0; /* as the flag and the log */
     break;
   }
   px_admin_printf(w->r, "%s{", watch_names[w->family]);

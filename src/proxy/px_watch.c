@@ -35,7 +35,7 @@ typedef struct watch_q {
   uint64_t healed;
   bool overdue, missing, source_missing;
   bool said_overdue, said_missing; /* logged, until it ends */
-  px_log_limit log;
+  px_log_limit overdue_log, missing_log;
   bool peeked;           /* looked into during this round */
   uint64_t next_look_ms; /* when its oldest copy may be overdue (0: now) */
 } watch_q;
@@ -129,6 +129,15 @@ static px_watch *watch_of(px_server *srv) {
   return srv->watch;
 }
 
+/* Copy `b` as a C string; -1 (nothing copied) when it does not fit. */
+static int copy_whole(char *out, size_t cap, amqp_bytes b) {
+  if (b.len >= cap)
+    return -1;
+  memcpy(out, b.ptr, b.len);
+  out[b.len] = '\0';
+  return 0;
+}
+
 static void copy_str(char *out, size_t cap, amqp_bytes b) {
   size_t n = b.len < cap - 1 ? b.len : cap - 1;
   memcpy(out, b.ptr, n);
@@ -146,20 +155,23 @@ static int login_creds(const px_pub_login *l, char *user, char *password,
         a ? memchr(a + 1, 0, r.len - (size_t)(a + 1 - r.ptr)) : NULL;
     if (!b)
       return -1;
-    copy_str(user, cap, (amqp_bytes){(uint8_t *)a + 1, (size_t)(b - a - 1)});
-    copy_str(password, cap,
-             (amqp_bytes){(uint8_t *)b + 1, r.len - (size_t)(b + 1 - r.ptr)});
-    return 0;
+    return copy_whole(user, cap,
+                      (amqp_bytes){(uint8_t *)a + 1, (size_t)(b - a - 1)}) ||
+                   copy_whole(password, cap,
+                              (amqp_bytes){(uint8_t *)b + 1,
+                                           r.len - (size_t)(b + 1 - r.ptr)})
+               ? -1
+               : 0;
   }
   amqp_field u, p;
   if (l->mechanism.len == 8 && memcmp(l->mechanism.ptr, "AMQPLAIN", 8) == 0 &&
       amqp_table_get(r, amqp_cstr("LOGIN"), &u) == AMQP_OK &&
       amqp_table_get(r, amqp_cstr("PASSWORD"), &p) == AMQP_OK &&
-      u.type == 'S' && p.type == 'S') {
-    copy_str(user, cap, u.v.bytes);
-    copy_str(password, cap, p.v.bytes);
-    return 0;
-  }
+      u.type == 'S' && p.type == 'S')
+    return copy_whole(user, cap, u.v.bytes) ||
+                   copy_whole(password, cap, p.v.bytes)
+               ? -1
+               : 0;
   return -1;
 }
 
@@ -205,7 +217,8 @@ static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
               PX_S("user", s->user),
               PX_S("reason", s->login_auth
                                  ? "the client logged in with neither PLAIN "
-                                   "nor AMQPLAIN"
+                                   "nor AMQPLAIN, or with a user name or "
+                                   "password over 255 bytes"
                                  : "the client's login is not kept "
                                    "(retry_connection: shared)"),
               PX_S("action", "the vhost's tiers are not watched until a "
@@ -242,7 +255,8 @@ void px_watch_copied(px_server *srv, const px_session *s, const char *queue,
     }
   }
   if (w->nq == PX_WATCH_MAX) {
-    srv->stats.tiers_unwatched++;
+    if (v->creds) /* else counted above */
+      srv->stats.tiers_unwatched++;
     if (limit_pass(&w->full_log, uv_now(srv->loop)))
       px_warn("tier_watch_full", PX_S("queue", queue),
               PX_U("watched", PX_WATCH_MAX),
@@ -278,11 +292,16 @@ static void count_event(void *ctx, const px_dlq_count *c) {
     watch_q *q = &w->q[i];
     if (q->vh != vh)
       continue;
+    if (c->error && c->code == 405 && q->delay_ms &&
+        strcmp(q->source, c->name) == 0) {
+      q->source_missing = false; /* exclusive to its client's connection */
+      continue;
+    }
     if (c->error && (strcmp(q->name, c->name) == 0 ||
                      (q->delay_ms && strcmp(q->source, c->name) == 0))) {
       px_dlq_result r = {
-          .status = PX_DLQ_REFUSED, .code = 403, .error = c->error};
-      op_failed(v, &r, "count"); /* the user may not read it */
+          .status = PX_DLQ_REFUSED, .logged_in = true, .error = c->error};
+      op_failed(v, &r, "count"); /* may not read it, or exclusive */
       break;
     }
     if (strcmp(q->name, c->name) == 0 && !c->error) {
@@ -308,13 +327,16 @@ static void op_failed(watch_vhost *v, const px_dlq_result *r,
                       const char *what) {
   px_server *srv = v->w->srv;
   srv->stats.tier_watch_failures++;
-  if (r->status == PX_DLQ_REFUSED)
-    v->login_refused = true;
+  if (r->status == PX_DLQ_REFUSED && !r->logged_in)
+    v->login_refused = true; /* no more rounds until another login */
   if (limit_pass(&v->fail_log, uv_now(srv->loop)))
     px_warn("tier_watch_failed", PX_S("vhost", v->name), PX_S("user", v->user),
             PX_S("step", what), PX_S("status", px_dlq_status_text(r->status)),
             PX_U("code", r->code), PX_S("error", r->error),
-            PX_S("action", "tried again at the next round"));
+            PX_S("action", v->login_refused
+                               ? "not watched until a client with another "
+                                 "login makes a copy"
+                               : "tried again at the next round"));
 }
 
 static void count_done(void *ctx, const px_dlq_result *r) {
@@ -327,8 +349,10 @@ static void count_done(void *ctx, const px_dlq_result *r) {
   }
   v->state = V_PEEKING;
   v->peeks = 0;
+  unsigned vh = (unsigned)(v - v->w->vhosts);
   for (unsigned i = 0; i < v->w->nq; i++)
-    v->w->q[i].peeked = false;
+    if (v->w->q[i].vh == vh)
+      v->w->q[i].peeked = false;
   start_peeks(v);
 }
 
@@ -370,11 +394,20 @@ static void schedule_look(watch_vhost *v, watch_q *q) {
   const px_config *cfg = v->w->srv->cfg;
   uint64_t now = uv_now(v->w->srv->loop);
   uint64_t due = (uint64_t)q->delay_ms + cfg->tier_grace_ms;
-  q->next_look_ms = 0;
-  if (v->peek_kept && v->kept_ms >= 0 && v->kept_verdict == PX_WATCH_ON_TIME &&
-      (uint64_t)v->kept_ms <= due)
-    q->next_look_ms = now + due - (uint64_t)v->kept_ms + 1000; /* 1s: the
-                                         header's resolution */
+  uint64_t heal = (uint64_t)q->delay_ms + (q->delay_ms > cfg->tier_heal_after_ms
+                                               ? q->delay_ms
+                                               : cfg->tier_heal_after_ms);
+  uint64_t age = v->kept_ms >= 0 ? (uint64_t)v->kept_ms : 0;
+  q->next_look_ms = 0; /* nothing given back: at the next round */
+  if (!v->peek_kept)
+    return;
+  if (v->kept_ms >= 0 && v->kept_verdict == PX_WATCH_ON_TIME && age <= due)
+    q->next_look_ms = now + due - age + 1000; /* 1s: the header's resolution */
+  else if (v->kept_ms >= 0 && cfg->tier_heal_after_ms && !q->source_missing &&
+           age < heal && heal - age < PX_WATCH_SLOW_MS)
+    q->next_look_ms = now + heal - age + 1000; /* when it is to be moved */
+  else /* overdue and kept, or not a copy of rebound's */
+    q->next_look_ms = now + PX_WATCH_SLOW_MS;
 }
 
 static void heal_done(void *ctx, const px_dlq_result *r) {
@@ -411,6 +444,15 @@ static void heal_done(void *ctx, const px_dlq_result *r) {
     q->missing = true;
   else if (r->status != PX_DLQ_OK)
     op_failed(v, r, "look into a tier");
+  if (r->nacked) {
+    srv->stats.tier_watch_failures++;
+    if (limit_pass(&v->fail_log, uv_now(srv->loop)))
+      px_warn("tier_heal_refused", PX_S("queue", q->source),
+              PX_S("tier", q->name), PX_U("nacked", r->nacked),
+              PX_S("note", "the broker refused the copies into the source "
+                           "queue (full, or no leader): they stay in the "
+                           "tier, tried again next round"));
+  }
   if (r->unsettled)
     px_warn("tier_heal_cut_short", PX_S("queue", q->source),
             PX_S("tier", q->name), PX_U("moved", r->moved),
@@ -477,9 +519,10 @@ static void start_peeks(watch_vhost *v) {
   end_round(v);
 }
 
-/* Forget the queues of vhost `vh` that are over: empty, unflagged, no
- * copy for PX_WATCH_FORGET_MS. The table is compacted, so only while no
- * other vhost's round is under way (a heal run points into it). */
+/* Forget the queues of vhost `vh` that are over: empty (or never looked
+ * at), not overdue, no copy for PX_WATCH_FORGET_MS. The table is compacted, so
+ * only while no other vhost's round is under way (a heal run points into it).
+ */
 static void forget(px_watch *w, unsigned vh, uint64_t now) {
   for (unsigned i = 0; i < w->nvhosts; i++)
     if (i != vh && w->vhosts[i].state != V_IDLE)
@@ -487,8 +530,7 @@ static void forget(px_watch *w, unsigned vh, uint64_t now) {
   unsigned k = 0;
   for (unsigned i = 0; i < w->nq; i++) {
     watch_q *q = &w->q[i];
-    bool over = q->vh == vh && q->depth == 0 && !q->overdue &&
-                !q->source_missing &&
+    bool over = q->vh == vh && q->depth <= 0 && !q->overdue &&
                 now - q->last_copy_ms > PX_WATCH_FORGET_MS + q->delay_ms;
     if (!over)
       w->q[k++] = *q;
@@ -508,7 +550,7 @@ static void end_round(watch_vhost *v) {
     watch_q *q = &w->q[i];
     if (q->vh != vh)
       continue;
-    if (q->overdue && (!q->said_overdue || limit_pass(&q->log, now))) {
+    if (q->overdue && (!q->said_overdue || limit_pass(&q->overdue_log, now))) {
       q->said_overdue = true;
       px_warn("tier_overdue", PX_S("queue", q->source), PX_S("tier", q->name),
               PX_I("depth", q->depth),
@@ -522,7 +564,7 @@ static void end_round(watch_vhost *v) {
               PX_S("tier", q->name), PX_I("depth", q->depth));
     }
     bool gone = q->source_missing && q->depth != 0;
-    if (gone && (!q->said_missing || limit_pass(&q->log, now))) {
+    if (gone && (!q->said_missing || limit_pass(&q->missing_log, now))) {
       q->said_missing = true;
       px_warn("source_queue_missing", PX_S("queue", q->source),
               PX_S("tier", q->name), PX_I("depth", q->depth),
@@ -590,8 +632,11 @@ void px_watch_tick(px_server *srv, uint64_t now_ms) {
     return;
   for (unsigned i = 0; i < w->nvhosts; i++) {
     watch_vhost *v = &w->vhosts[i];
-    if (v->state == V_IDLE && v->creds && v->next_ms && now_ms >= v->next_ms)
+    if (v->state == V_IDLE && v->creds && !v->login_refused && v->next_ms &&
+        now_ms >= v->next_ms)
       start_round(v);
+    else if (v->state == V_IDLE && (!v->creds || v->login_refused))
+      forget(w, i, now_ms); /* unwatched: kept a while for a login */
   }
 }
 

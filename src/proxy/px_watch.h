@@ -7,7 +7,9 @@
  * they expire. So every --tier-watch, for each vhost, the process looks
  * at every tier and dead-letter queue it put a copy into, and at each
  * tier's source queue, over a connection of its own (px_dlq.h), logged in
- * as the latest client whose copies went there (PLAIN or AMQPLAIN; a
+ * as a client whose copies went there (the first whose login could be
+ * kept; once the broker refuses it, no round until another client's is
+ * taken at its next copy) (PLAIN or AMQPLAIN; a
  * client that logged in otherwise, or whose login is not kept under
  * `retry_connection: shared`, leaves its vhost unwatched, counted and
  * logged):
@@ -52,6 +54,10 @@ struct px_session;
 #define PX_WATCH_PEEKS 8       /* tiers looked into per round and vhost */
 #define PX_WATCH_HEAL_MAX 1000 /* copies moved per tier and round */
 #define PX_WATCH_FORGET_MS (10 * 60 * 1000)
+/* A tier whose oldest copy is overdue and not moved (healing off or not
+ * yet due, its source missing, not a copy of rebound's) is looked into at
+ * most this often: each look is a delivery, which a quorum tier counts. */
+#define PX_WATCH_SLOW_MS (60 * 1000)
 
 typedef enum px_watch_verdict {
   PX_WATCH_ON_TIME, /* not older than its delay + grace */

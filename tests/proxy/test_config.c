@@ -407,6 +407,20 @@ static void test_upstream_urls_and_tls(void **state) {
   char *half[] = {"rebound", "--upstream-cert", "c.pem", NULL};
   assert_int_equal(load(&c, half, err), PX_CONFIG_ERROR);
   assert_string_equal(err, "--upstream-cert and --upstream-key go together");
+  char *heal[] = {"rebound",           "--tier-grace", "30s",
+                  "--tier-heal-after", "10s",          NULL};
+  assert_int_equal(load(&c, heal, err), PX_CONFIG_ERROR);
+  assert_string_equal(err, "--tier-heal-after is shorter than --tier-grace: "
+                           "copies would be moved before they are overdue "
+                           "(expected at least --tier-grace, or off)");
+  char *heal_off[] = {"rebound",           "--tier-grace", "30s",
+                      "--tier-heal-after", "off",          NULL};
+  assert_int_equal(load(&c, heal_off, err), PX_CONFIG_OK);
+  assert_int_equal(c.tier_heal_after_ms, 0);
+  char *watch[] = {"rebound", "--tier-watch", "often", NULL};
+  assert_int_equal(load(&c, watch, err), PX_CONFIG_ERROR);
+  assert_non_null(strstr(err, "--tier-watch: invalid value 'often'"));
+  assert_non_null(strstr(err, "off or a duration"));
   char *verify[] = {"rebound", "--upstream-verify", "maybe", NULL};
   assert_int_equal(load(&c, verify, err), PX_CONFIG_ERROR);
   assert_string_equal(err, "--upstream-verify: invalid value 'maybe' "

@@ -227,6 +227,31 @@ def test_tier_deleted_with_copies_is_reported(rebound_factory, broker,
     assert t["exists"] is False and t["depth"] == 0, t
     conn.close()
 
+
+def test_exclusive_source_is_watched_quietly(rebound_factory, broker, direct):
+    """An exclusive source queue is its client's connection's alone: the
+    watch's look at it is refused (405), which says it exists."""
+    q = direct.own(rbtest.uniq("excl"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q)
+    conn = rb.pika(broker)
+    ch = conn.channel()
+    ch.queue_declare(q, exclusive=True)
+    ch.basic_publish("", q, b"m")
+    got = []
+    tag = ch.basic_consume(q, lambda c, m, p, b: (
+        got.append(b), c.basic_nack(m.delivery_tag, requeue=True)))
+    pump(conn, lambda: got, 10, lambda: "a delivery of %s" % q)
+    ch.basic_cancel(tag)
+    wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+    conn.sleep(1.0)  # rounds
+    m = metrics(rb.admin_port)
+    assert m[series("rebound_source_queue_missing", q)] == 0.0, m
+    assert m["rebound_tier_watch_failures_total"] == 0.0, m
+    assert not rb.log_lines("tier_watch_failed")
+    assert not rb.log_lines("source_queue_missing")
+    conn.close()
+
 def test_alert_rules_use_exported_metrics(rebound_factory):
     """deploy/prometheus/rules.yml alerts on what rebound exports: every
     metric a rule names is one of its families, and the tier watch's
