@@ -144,17 +144,14 @@ static void copy_str(char *out, size_t cap, amqp_bytes b) {
   out[n] = '\0';
 }
 
-/* The user and password of a kept login: PLAIN ("authzid\0user\0pass")
- * or AMQPLAIN (LOGIN and PASSWORD in a table). -1 for anything else. */
-static int login_creds(const px_pub_login *l, char *user, char *password,
-                       size_t cap) {
-  amqp_bytes r = l->response;
-  if (l->mechanism.len == 5 && memcmp(l->mechanism.ptr, "PLAIN", 5) == 0) {
+int px_watch_login_creds(amqp_bytes mechanism, amqp_bytes r, char *user,
+                         char *password, size_t cap) {
+  if (mechanism.len == 5 && memcmp(mechanism.ptr, "PLAIN", 5) == 0) {
     const uint8_t *a = memchr(r.ptr, 0, r.len);
     const uint8_t *b =
         a ? memchr(a + 1, 0, r.len - (size_t)(a + 1 - r.ptr)) : NULL;
-    if (!b)
-      return -1;
+    if (!b || memchr(b + 1, 0, r.len - (size_t)(b + 1 - r.ptr)))
+      return -1; /* PLAIN has no NUL in a password */
     return copy_whole(user, cap,
                       (amqp_bytes){(uint8_t *)a + 1, (size_t)(b - a - 1)}) ||
                    copy_whole(password, cap,
@@ -164,7 +161,7 @@ static int login_creds(const px_pub_login *l, char *user, char *password,
                : 0;
   }
   amqp_field u, p;
-  if (l->mechanism.len == 8 && memcmp(l->mechanism.ptr, "AMQPLAIN", 8) == 0 &&
+  if (mechanism.len == 8 && memcmp(mechanism.ptr, "AMQPLAIN", 8) == 0 &&
       amqp_table_get(r, amqp_cstr("LOGIN"), &u) == AMQP_OK &&
       amqp_table_get(r, amqp_cstr("PASSWORD"), &p) == AMQP_OK &&
       u.type == 'S' && p.type == 'S')
@@ -211,7 +208,8 @@ static void take_login(px_watch *w, watch_vhost *v, const px_session *s) {
   if (v->creds && !v->login_refused)
     return; /* the one it has works */
   if (!s->login_auth ||
-      login_creds(&s->login, user, password, sizeof user) != 0) {
+      px_watch_login_creds(s->login.mechanism, s->login.response, user,
+                           password, sizeof user) != 0) {
     if (!v->creds && limit_pass(&w->login_log, uv_now(w->srv->loop)))
       px_warn("tier_watch_no_login", PX_S("vhost", v->name),
               PX_S("user", s->user),

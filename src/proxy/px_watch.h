@@ -77,6 +77,15 @@ px_watch_verdict px_watch_judge(uint32_t delay_ms, uint32_t grace_ms,
 int px_watch_copy_age(amqp_bytes headers, const char *name, uint64_t now_s,
                       uint64_t *age_ms);
 
+/* The user and password of a client's login, as its connection.start-ok
+ * gave them (`response` is the client's: any bytes): PLAIN
+ * ("authzid\0user\0password") or AMQPLAIN (LOGIN and PASSWORD, long
+ * strings, in a table), each NUL-terminated into `cap` bytes. 0, or -1 for
+ * another mechanism, a malformed response, or a field of `cap` bytes or
+ * more (nothing usable is then in `user` and `password`). Pure. */
+int px_watch_login_creds(amqp_bytes mechanism, amqp_bytes response, char *user,
+                         char *password, size_t cap);
+
 /* A copy from session `s` was confirmed into `queue`: a tier of `source`
  * with `delay_ms`, or its dead-letter queue (delay_ms 0). */
 void px_watch_copied(struct px_server *srv, const struct px_session *s,

@@ -1,9 +1,14 @@
 /* libFuzzer target: what the dead-letter operations read from outside.
  * The first byte picks the input: 0, a message from the broker (a content
  * header payload, then the body) rendered as JSON; 1, a broker URL; 2, an
- * admin query string. Oracles: the JSON is valid JSON (checked by the
- * small parser below) and valid UTF-8; a URL that parses has a user, a
- * vhost, and no NUL inside them; a parameter that decodes fits. */
+ * admin query string; 3, a tier copy's headers table, whose age the tier
+ * watch reads; 4 and 5, a client's PLAIN or AMQPLAIN login response,
+ * which the tier watch logs in with. Oracles: the JSON is valid JSON
+ * (checked by the small parser below) and valid UTF-8; a URL that parses
+ * has a user, a vhost, and no NUL inside them; a parameter that decodes
+ * fits; an age is whole seconds; a login read has both fields
+ * NUL-terminated within their buffers and, for PLAIN, exactly the bytes
+ * between the response's NULs. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +17,7 @@
 #include "px_dlq_cli.h"
 #include "px_dlq_json.h"
 #include "px_routes.h"
+#include "px_watch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -133,6 +139,32 @@ static void query(const uint8_t *data, size_t size) {
     abort();
 }
 
+static void copy_age(const uint8_t *d, size_t n) {
+  uint64_t age = 1;
+  if (px_watch_copy_age((amqp_bytes){(uint8_t *)d, n}, "rebound-last-failed-at",
+                        4000000000u, &age) == 0 &&
+      age % 1000 != 0)
+    abort();
+}
+
+static void login(const char *mech, const uint8_t *d, size_t n) {
+  char user[16], password[16]; /* small: the bounds are what is tested */
+  if (px_watch_login_creds(amqp_cstr(mech), (amqp_bytes){(uint8_t *)d, n}, user,
+                           password, sizeof user) != 0)
+    return;
+  if (!memchr(user, 0, sizeof user) || !memchr(password, 0, sizeof password))
+    abort();
+  if (strcmp(mech, "PLAIN") == 0) {
+    const uint8_t *a = memchr(d, 0, n);
+    const uint8_t *b = a ? memchr(a + 1, 0, n - (size_t)(a + 1 - d)) : NULL;
+    size_t ul = b ? (size_t)(b - a - 1) : (size_t)-1;
+    if (!b || strlen(user) != ul || memcmp(user, a + 1, ul) != 0 ||
+        strlen(password) != n - (size_t)(b + 1 - d) ||
+        memcmp(password, b + 1, strlen(password)) != 0)
+      abort();
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0)
     return 0;
@@ -142,5 +174,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     url(data + 1, size - 1);
   else if (data[0] == 2)
     query(data + 1, size - 1);
+  else if (data[0] == 3)
+    copy_age(data + 1, size - 1);
+  else if (data[0] == 4)
+    login("PLAIN", data + 1, size - 1);
+  else if (data[0] == 5)
+    login("AMQPLAIN", data + 1, size - 1);
   return 0;
 }

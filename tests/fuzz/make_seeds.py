@@ -318,6 +318,17 @@ def dlq_seeds(seen):
         put("dlq", b"\x01" + u, seen)
     for q in DLQ_QUERIES:
         put("dlq", b"\x02" + q, seen)
+    # the tier watch: a copy's headers, a client's PLAIN and AMQPLAIN logins
+    for tbl in [shortstr(b"rebound-last-failed-at") + b"T" +
+                struct.pack(">Q", 1700000000),
+                shortstr(b"x") + b"S" + longstr(b"y") +
+                shortstr(b"rebound-last-failed-at") + b"l" +
+                struct.pack(">q", -5)]:
+        put("dlq", b"\x03" + tbl, seen)
+    for plain in [b"\x00guest\x00guest", b"authz\x00u\x00p"]:
+        put("dlq", b"\x04" + plain, seen)
+    put("dlq", b"\x05" + shortstr(b"LOGIN") + b"S" + longstr(b"guest") +
+        shortstr(b"PASSWORD") + b"S" + longstr(b"guest"), seen)
 
 
 # ---- config files -------------------------------------------------------------
