@@ -282,6 +282,18 @@ static void start_peeks(watch_vhost *v);
 static void end_round(watch_vhost *v);
 static void op_failed(watch_vhost *v, const px_dlq_result *r, const char *what);
 
+/* The broker says the tier (or DLQ) does not exist: what it held is gone,
+ * said once. */
+static void tier_gone(watch_vhost *v, watch_q *q) {
+  if (!q->missing && q->depth > 0)
+    px_warn("tier_deleted", PX_S("queue", q->source), PX_S("tier", q->name),
+            PX_I("depth_before", q->depth), PX_S("vhost", v->name),
+            PX_S("note", "the copies it held are gone; rebound declares it "
+                         "again at its next copy"));
+  q->missing = true;
+  q->depth = 0;
+}
+
 static void count_event(void *ctx, const px_dlq_count *c) {
   watch_vhost *v = ctx;
   px_watch *w = v->w;
@@ -303,11 +315,8 @@ static void count_event(void *ctx, const px_dlq_count *c) {
       break;
     }
     if (strcmp(q->name, c->name) == 0 && !c->error) {
-      if (!c->exists && !q->missing && q->depth > 0)
-        px_warn("tier_deleted", PX_S("queue", q->source), PX_S("tier", q->name),
-                PX_I("depth_before", q->depth), PX_S("vhost", v->name),
-                PX_S("note", "the copies it held are gone; rebound declares "
-                             "it again at its next copy"));
+      if (!c->exists)
+        tier_gone(v, q);
       q->missing = !c->exists;
       q->depth = c->exists ? c->messages : 0;
       if (q->depth == 0) { /* the next copy is looked at at once */
@@ -439,7 +448,7 @@ static void heal_done(void *ctx, const px_dlq_result *r) {
   if (r->status == PX_DLQ_NOT_FOUND && r->code == 0)
     q->source_missing = true; /* a copy came back: no such queue */
   else if (r->status == PX_DLQ_NOT_FOUND)
-    q->missing = true;
+    tier_gone(v, q); /* deleted under the look */
   else if (r->status != PX_DLQ_OK)
     op_failed(v, r, "look into a tier");
   if (r->nacked) {
