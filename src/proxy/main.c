@@ -60,15 +60,21 @@ static void raise_fd_limit(void) {
 
 /* Before anything else: a write to a closed socket is an error, not a
  * signal; and in a worker (px_workers.h), a reload worker 0 passes on
- * before this process has its handlers must not end it (it is reading the
- * config now anyway). */
+ * before this process has its handlers must neither end it nor be lost
+ * (the file may have changed after this process read it): SIGHUP is
+ * blocked, and px_server_start() unblocks it once its handler is in
+ * place, which then runs for one that came meanwhile. */
 static void early_signals(void) {
   signal(SIGPIPE, SIG_IGN);
   /* a logrotate's SIGUSR1 before the loop's handler is in place */
   signal(SIGUSR1, SIG_IGN);
   signal(SIGUSR2, SIG_IGN);
-  if (getenv("REBOUND_WORKER"))
-    signal(SIGHUP, SIG_IGN);
+  if (getenv("REBOUND_WORKER")) {
+    sigset_t hup;
+    sigemptyset(&hup);
+    sigaddset(&hup, SIGHUP);
+    sigprocmask(SIG_BLOCK, &hup, NULL);
+  }
 }
 
 /* Descriptors 0-2 open (on /dev/null where they were closed), so that no

@@ -819,6 +819,10 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   start_signal(srv, &srv->sigterm, on_signal, SIGTERM);
   start_signal(srv, &srv->sigint, on_signal, SIGINT);
   start_signal(srv, &srv->sighup, on_sighup, SIGHUP);
+  sigset_t hup; /* a worker's (main.c): one that came meanwhile runs now */
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  sigprocmask(SIG_UNBLOCK, &hup, NULL);
   start_signal(srv, &srv->sigusr1, on_sigusr, SIGUSR1);
   start_signal(srv, &srv->sigusr2, on_sigusr, SIGUSR2);
   srv->started_ms = uv_now(loop);
