@@ -155,22 +155,11 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
 static void record_user(px_session *s, const amqp_method *m) {
   amqp_bytes mech = m->args[AMQP_F_CONNECTION_START_OK_MECHANISM].b;
   amqp_bytes resp = m->args[AMQP_F_CONNECTION_START_OK_RESPONSE].b;
-  amqp_bytes user = {NULL, 0};
-  amqp_field v;
+  amqp_bytes user, password; /* only the user is kept */
 
-  if (amqp_bytes_eq(mech, amqp_cstr("PLAIN"))) {
-    /* authzid NUL authcid NUL password: only authcid is kept */
-    const uint8_t *a = memchr(resp.ptr, 0, resp.len);
-    if (a) {
-      const uint8_t *b =
-          memchr(a + 1, 0, resp.len - (size_t)(a + 1 - resp.ptr));
-      if (b)
-        user = (amqp_bytes){a + 1, (size_t)(b - a - 1)};
-    }
-  } else if (amqp_bytes_eq(mech, amqp_cstr("AMQPLAIN"))) {
-    if (amqp_table_get(resp, amqp_cstr("LOGIN"), &v) == AMQP_OK &&
-        v.type == 'S')
-      user = v.v.bytes;
+  if (amqp_bytes_eq(mech, amqp_cstr("PLAIN")) ||
+      amqp_bytes_eq(mech, amqp_cstr("AMQPLAIN"))) {
+    px_pub_login_split(mech, resp, &user, &password);
   } else {
     snprintf(s->user, sizeof s->user, "(%.*s)",
              (int)(mech.len > 60 ? 60 : mech.len), (const char *)mech.ptr);

@@ -544,6 +544,31 @@ px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
   return p;
 }
 
+int px_pub_login_split(amqp_bytes mechanism, amqp_bytes r, amqp_bytes *user,
+                       amqp_bytes *password) {
+  amqp_field u, p;
+  *user = *password = (amqp_bytes){NULL, 0};
+  if (amqp_bytes_eq(mechanism, amqp_cstr("PLAIN"))) {
+    const uint8_t *a = memchr(r.ptr, 0, r.len);
+    const uint8_t *b =
+        a ? memchr(a + 1, 0, r.len - (size_t)(a + 1 - r.ptr)) : NULL;
+    if (!b)
+      return -1;
+    *user = (amqp_bytes){(uint8_t *)a + 1, (size_t)(b - a - 1)};
+    *password = (amqp_bytes){(uint8_t *)b + 1, r.len - (size_t)(b + 1 - r.ptr)};
+    return memchr(password->ptr, 0, password->len) ? -1 : 0;
+  }
+  if (!amqp_bytes_eq(mechanism, amqp_cstr("AMQPLAIN")))
+    return -1;
+  if (amqp_table_get(r, amqp_cstr("LOGIN"), &u) == AMQP_OK && u.type == 'S')
+    *user = u.v.bytes;
+  if (amqp_table_get(r, amqp_cstr("PASSWORD"), &p) != AMQP_OK ||
+      p.type != 'S' || !user->ptr)
+    return -1;
+  *password = p.v.bytes;
+  return 0;
+}
+
 uint32_t px_pub_frame_max(const px_pub *p) {
   return p->frame_max;
 }

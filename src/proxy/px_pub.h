@@ -85,6 +85,15 @@ px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
                     const px_pub_login *login, const px_pub_events *ev,
                     void *ctx);
 
+/* The user and password of a connection.start-ok response, as views into
+ * `response` (the client's: any bytes): PLAIN ("authzid\0user\0password",
+ * no NUL in the password) or AMQPLAIN (LOGIN and PASSWORD long strings in
+ * a table). `*user` is set whenever the response names one (else empty);
+ * 0 when both were found, -1 for another mechanism or a malformed
+ * response. Pure. */
+int px_pub_login_split(amqp_bytes mechanism, amqp_bytes response,
+                       amqp_bytes *user, amqp_bytes *password);
+
 /* The frame-max negotiated (valid from `ready`). */
 uint32_t px_pub_frame_max(const px_pub *p);
 

@@ -73,41 +73,33 @@ typedef struct px_watch {
 
 /* ---- pure ---- */
 
+/* The ages at which a copy of a tier of `delay_ms` is overdue (past
+ * `*overdue_after`) and is to be moved (from `*heal_at`; 0: never). */
+static void thresholds(uint32_t delay_ms, uint32_t grace_ms,
+                       uint32_t heal_after_ms, uint64_t *overdue_after,
+                       uint64_t *heal_at) {
+  uint64_t heal = heal_after_ms > delay_ms ? heal_after_ms : delay_ms;
+  *overdue_after = (uint64_t)delay_ms + grace_ms;
+  *heal_at = heal_after_ms ? (uint64_t)delay_ms + heal : 0;
+}
+
 px_watch_verdict px_watch_judge(uint32_t delay_ms, uint32_t grace_ms,
                                 uint32_t heal_after_ms, uint64_t age_ms) {
-  uint64_t heal = heal_after_ms > delay_ms ? heal_after_ms : delay_ms;
-  if (heal_after_ms && age_ms >= (uint64_t)delay_ms + heal)
+  uint64_t overdue_after, heal_at;
+  thresholds(delay_ms, grace_ms, heal_after_ms, &overdue_after, &heal_at);
+  if (heal_at && age_ms >= heal_at)
     return PX_WATCH_HEAL;
-  if (age_ms > (uint64_t)delay_ms + grace_ms)
-    return PX_WATCH_OVERDUE;
-  return PX_WATCH_ON_TIME;
+  return age_ms > overdue_after ? PX_WATCH_OVERDUE : PX_WATCH_ON_TIME;
 }
 
 int px_watch_copy_age(amqp_bytes headers, const char *name, uint64_t now_s,
                       uint64_t *age_ms) {
   amqp_field f;
-  uint64_t at;
-  if (amqp_table_get(headers, amqp_cstr(name), &f) != AMQP_OK)
+  int64_t at;
+  if (amqp_table_get(headers, amqp_cstr(name), &f) != AMQP_OK ||
+      !amqp_field_as_int(&f, &at) || at < 0)
     return -1;
-  switch (f.type) {
-  case 'T':
-  case 'i':
-  case 'u':
-  case 'B':
-    at = f.v.u;
-    break;
-  case 'l':
-  case 'I':
-  case 's':
-  case 'b':
-    if (f.v.i < 0)
-      return -1;
-    at = (uint64_t)f.v.i;
-    break;
-  default:
-    return -1;
-  }
-  *age_ms = at >= now_s ? 0 : (now_s - at) * 1000;
+  *age_ms = (uint64_t)at >= now_s ? 0 : (now_s - (uint64_t)at) * 1000;
   return 0;
 }
 
@@ -138,38 +130,13 @@ static int copy_whole(char *out, size_t cap, amqp_bytes b) {
   return 0;
 }
 
-static void copy_str(char *out, size_t cap, amqp_bytes b) {
-  size_t n = b.len < cap - 1 ? b.len : cap - 1;
-  memcpy(out, b.ptr, n);
-  out[n] = '\0';
-}
-
 int px_watch_login_creds(amqp_bytes mechanism, amqp_bytes r, char *user,
                          char *password, size_t cap) {
-  if (mechanism.len == 5 && memcmp(mechanism.ptr, "PLAIN", 5) == 0) {
-    const uint8_t *a = memchr(r.ptr, 0, r.len);
-    const uint8_t *b =
-        a ? memchr(a + 1, 0, r.len - (size_t)(a + 1 - r.ptr)) : NULL;
-    if (!b || memchr(b + 1, 0, r.len - (size_t)(b + 1 - r.ptr)))
-      return -1; /* PLAIN has no NUL in a password */
-    return copy_whole(user, cap,
-                      (amqp_bytes){(uint8_t *)a + 1, (size_t)(b - a - 1)}) ||
-                   copy_whole(password, cap,
-                              (amqp_bytes){(uint8_t *)b + 1,
-                                           r.len - (size_t)(b + 1 - r.ptr)})
-               ? -1
-               : 0;
-  }
-  amqp_field u, p;
-  if (mechanism.len == 8 && memcmp(mechanism.ptr, "AMQPLAIN", 8) == 0 &&
-      amqp_table_get(r, amqp_cstr("LOGIN"), &u) == AMQP_OK &&
-      amqp_table_get(r, amqp_cstr("PASSWORD"), &p) == AMQP_OK &&
-      u.type == 'S' && p.type == 'S')
-    return copy_whole(user, cap, u.v.bytes) ||
-                   copy_whole(password, cap, p.v.bytes)
-               ? -1
-               : 0;
-  return -1;
+  amqp_bytes u, p;
+  return px_pub_login_split(mechanism, r, &u, &p) != 0 ||
+                 copy_whole(user, cap, u) || copy_whole(password, cap, p)
+             ? -1
+             : 0;
 }
 
 static bool vhost_in_use(const px_watch *w, unsigned vh) {
@@ -186,7 +153,7 @@ static watch_vhost *vhost_for(px_watch *w, const px_session *s) {
     if (strlen(w->vhosts[i].name) == b.len &&
         memcmp(w->vhosts[i].name, b.ptr, b.len) == 0)
       return &w->vhosts[i];
-  copy_str(name, sizeof name, b);
+  snprintf(name, sizeof name, "%.*s", (int)b.len, (const char *)b.ptr);
   watch_vhost *v = NULL;
   for (unsigned i = 0; i < w->nvhosts && !v; i++)
     if (!w->vhosts[i].creds && w->vhosts[i].state == V_IDLE &&
@@ -400,18 +367,17 @@ static bool heal_take(void *ctx, const px_dlq_message *m) {
 static void schedule_look(watch_vhost *v, watch_q *q) {
   const px_config *cfg = v->w->srv->cfg;
   uint64_t now = uv_now(v->w->srv->loop);
-  uint64_t due = (uint64_t)q->delay_ms + cfg->tier_grace_ms;
-  uint64_t heal = (uint64_t)q->delay_ms + (q->delay_ms > cfg->tier_heal_after_ms
-                                               ? q->delay_ms
-                                               : cfg->tier_heal_after_ms);
+  uint64_t due, heal;
+  thresholds(q->delay_ms, cfg->tier_grace_ms, cfg->tier_heal_after_ms, &due,
+             &heal);
   uint64_t age = v->kept_ms >= 0 ? (uint64_t)v->kept_ms : 0;
   q->next_look_ms = 0; /* nothing given back: at the next round */
   if (!v->peek_kept)
     return;
   if (v->kept_ms >= 0 && v->kept_verdict == PX_WATCH_ON_TIME && age <= due)
     q->next_look_ms = now + due - age + 1000; /* 1s: the header's resolution */
-  else if (v->kept_ms >= 0 && cfg->tier_heal_after_ms && !q->source_missing &&
-           age < heal && heal - age < PX_WATCH_SLOW_MS)
+  else if (v->kept_ms >= 0 && heal && !q->source_missing && age < heal &&
+           heal - age < PX_WATCH_SLOW_MS)
     q->next_look_ms = now + heal - age + 1000; /* when it is to be moved */
   else /* overdue and kept, or not a copy of rebound's */
     q->next_look_ms = now + PX_WATCH_SLOW_MS;
