@@ -23,8 +23,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections import defaultdict
 
+import pika
+import pika.exceptions
 import pytest
 
 import rbtest
@@ -323,3 +327,57 @@ def cluster():
         yield c
     finally:
         c.teardown()
+
+
+class Publisher(threading.Thread):
+    """Publishes n messages round `queues` straight to a node that stays
+    up (`url`), persistent, mandatory, with publisher confirms: the first
+    `burst` at once, then `rate` a second. Message i has message_id "i",
+    body "i:kind" and header kind = kind_of(i). What the broker does not
+    confirm is sent again on a new connection, counted in resent[mid]."""
+
+    def __init__(self, url, queues, n, rate, kind_of, burst=0):
+        super().__init__(name="publisher", daemon=True)
+        self.url, self.queues = url, queues
+        self.n, self.rate, self.kind_of, self.burst = n, rate, kind_of, burst
+        self.sent = {}  # mid -> kind
+        self.resent = defaultdict(int)
+        self.errors = []
+        self.done = threading.Event()
+        self.started = None
+
+    def run(self):
+        conn = ch = None
+        self.started = t0 = time.monotonic()
+        i = 0
+        while i < self.n:
+            wait = t0 + (i - self.burst) / self.rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            mid, kind = str(i), self.kind_of(i)
+            try:
+                if ch is None:
+                    conn = pika.BlockingConnection(pika.URLParameters(
+                        self.url + "?socket_timeout=10&heartbeat=10"))
+                    ch = conn.channel()
+                    ch.confirm_delivery()
+                ch.basic_publish(
+                    "", self.queues[i % len(self.queues)],
+                    ("%s:%s" % (mid, kind)).encode(),
+                    pika.BasicProperties(message_id=mid, delivery_mode=2,
+                                         headers={"kind": kind}),
+                    mandatory=True)
+            except pika.exceptions.AMQPError as e:
+                self.errors.append(repr(e)[:200])
+                self.resent[mid] += 1
+                ch = None
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+                time.sleep(0.5)
+                continue
+            self.sent[mid] = kind
+            i += 1
+        conn.close()
+        self.done.set()

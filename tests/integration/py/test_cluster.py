@@ -55,7 +55,7 @@ import pika
 import pika.exceptions
 
 import rbtest
-from cluster import cluster
+from cluster import Publisher, cluster
 from retryhelp import count_of, dlq, ready, tier
 from test_admin import admin_rebound, metrics
 
@@ -153,55 +153,6 @@ class Consumer(threading.Thread):
                 time.sleep(RECONNECT_PAUSE)
 
 
-class Publisher(threading.Thread):
-    """Publishes N messages at RATE per second straight to a node that
-    stays up, persistent, with publisher confirms; what the broker does
-    not confirm is sent again (and counted)."""
-
-    def __init__(self, url, queue):
-        super().__init__(name="publisher", daemon=True)
-        self.url, self.queue = url, queue
-        self.sent = {}        # mid -> kind
-        self.resent = defaultdict(int)
-        self.errors = []
-        self.done = threading.Event()
-
-    def run(self):
-        conn = ch = None
-        t0 = time.monotonic()
-        i = 0
-        while i < N:
-            wait = t0 + i / RATE - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            mid, kind = str(i), KINDS[i % 3]
-            try:
-                if ch is None:
-                    conn = pika.BlockingConnection(pika.URLParameters(
-                        self.url + "?socket_timeout=10&heartbeat=10"))
-                    ch = conn.channel()
-                    ch.confirm_delivery()
-                ch.basic_publish(
-                    "", self.queue, ("%s:%s" % (mid, kind)).encode(),
-                    pika.BasicProperties(message_id=mid, delivery_mode=2,
-                                         headers={"kind": kind}),
-                    mandatory=True)
-            except pika.exceptions.AMQPError as e:
-                self.errors.append(repr(e)[:200])
-                self.resent[mid] += 1
-                ch = None
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-                time.sleep(0.5)
-                continue
-            self.sent[mid] = kind
-            i += 1
-        conn.close()
-        self.done.set()
-
-
 def explain(deliveries):
     """(redelivered, fresh repeats) of one message's deliveries: broker
     redeliveries, and copies of the same count delivered fresh more than
@@ -252,7 +203,7 @@ def test_node_loss_loses_nothing_and_never_loops(rebound_factory, cluster):
     consumers = [Consumer("c%d" % i, rb, n1.broker, q, rec) for i in (1, 2)]
     for t in consumers:
         t.start()
-    pub = Publisher(n3.url, q)
+    pub = Publisher(n3.url, [q], N, RATE, lambda i: KINDS[i % 3])
     look = pika.BlockingConnection(pika.URLParameters(n3.url))
     try:
         pub.start()

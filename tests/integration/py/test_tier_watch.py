@@ -49,12 +49,13 @@ def queue_view(rb, q):
     raise AssertionError("%s not in /v1/queues: %s" % (q, body))
 
 
-def fail_once(rb, broker, q, body):
-    """Publish `body` to q and nack its delivery once through rebound: its
+def fail_once(rb, broker, q, body, conn=None, **declare):
+    """Publish `body` to q (declared with `declare`, else durable) and nack
+    its delivery once through rebound, on `conn` or a new connection: its
     copy waits in the 30s tier."""
-    conn = rb.pika(broker)
+    conn = conn or rb.pika(broker)
     ch = conn.channel()
-    ch.queue_declare(q, durable=True)
+    ch.queue_declare(q, **(declare or {"durable": True}))
     ch.basic_publish("", q, body, pika.BasicProperties(delivery_mode=2))
     got = []
 
@@ -234,15 +235,7 @@ def test_exclusive_source_is_watched_quietly(rebound_factory, broker, direct):
     q = direct.own(rbtest.uniq("excl"))
     direct.own(dlq(q))
     rb = watch_rebound(rebound_factory, q)
-    conn = rb.pika(broker)
-    ch = conn.channel()
-    ch.queue_declare(q, exclusive=True)
-    ch.basic_publish("", q, b"m")
-    got = []
-    tag = ch.basic_consume(q, lambda c, m, p, b: (
-        got.append(b), c.basic_nack(m.delivery_tag, requeue=True)))
-    pump(conn, lambda: got, 10, lambda: "a delivery of %s" % q)
-    ch.basic_cancel(tag)
+    conn, _ = fail_once(rb, broker, q, b"m", exclusive=True)
     wait_metric(rb, series("rebound_tier_depth", q), 1.0)
     conn.sleep(1.0)  # rounds
     m = metrics(rb.admin_port)
@@ -311,15 +304,8 @@ def test_user_who_may_no_longer_read_the_tier(rebound_factory, broker, ctl,
         rb = watch_rebound(rebound_factory, q)
         params = rb.pika_params(broker)
         params.credentials = pika.PlainCredentials(user, "pw")
-        conn = pika.BlockingConnection(params)
-        ch = conn.channel()
-        ch.queue_declare(q, durable=True)
-        ch.basic_publish("", q, b"m")
-        got = []
-        tag = ch.basic_consume(q, lambda c, m, p, b: (
-            got.append(b), c.basic_nack(m.delivery_tag, requeue=True)))
-        pump(conn, lambda: got, 10, lambda: "a delivery of %s" % q)
-        ch.basic_cancel(tag)
+        conn, _ = fail_once(rb, broker, q, b"m",
+                            conn=pika.BlockingConnection(params))
         wait_metric(rb, series("rebound_tier_depth", q), 1.0)
         assert not rb.log_lines("tier_watch_failed")
         # read only the source queue from now on

@@ -67,9 +67,9 @@ import pika.exceptions
 import pytest
 
 import rbtest
-from cluster import cluster
+from cluster import Publisher, cluster
 from retryhelp import count_of, dlq, ready, tier
-from test_admin import get, metrics
+from test_admin import admin_rebound, get, metrics
 
 assert cluster  # a fixture
 
@@ -182,57 +182,6 @@ class Consumer(threading.Thread):
                 time.sleep(RECONNECT_PAUSE)
 
 
-class Publisher(threading.Thread):
-    """N persistent messages round the queues straight to a node that stays
-    up, with confirms: BURST at once, then RATE a second; what is not
-    confirmed is sent again (counted)."""
-
-    def __init__(self, url, queues):
-        super().__init__(name="publisher", daemon=True)
-        self.url, self.queues = url, queues
-        self.sent = {}
-        self.resent = 0
-        self.errors = []
-        self.done = threading.Event()
-        self.started = None
-
-    def run(self):
-        conn = ch = None
-        self.started = t0 = time.monotonic()
-        i = 0
-        while i < N:
-            wait = t0 + (i - BURST) / RATE - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            mid, kind = str(i), kind_of(i)
-            try:
-                if ch is None:
-                    conn = pika.BlockingConnection(pika.URLParameters(
-                        self.url + "?socket_timeout=10&heartbeat=10"))
-                    ch = conn.channel()
-                    ch.confirm_delivery()
-                ch.basic_publish(
-                    "", self.queues[i % len(self.queues)],
-                    ("%s:%s" % (mid, kind)).encode(),
-                    pika.BasicProperties(message_id=mid, delivery_mode=2,
-                                         headers={"kind": kind}),
-                    mandatory=True)
-            except pika.exceptions.AMQPError as e:
-                self.errors.append(repr(e)[:160])
-                self.resent += 1
-                ch = None
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-                time.sleep(0.5)
-                continue
-            self.sent[mid] = kind
-            i += 1
-        conn.close()
-        self.done.set()
-
-
 class Monitor(threading.Thread):
     """About once a second, from a node that stays up, for each tier: its
     messages and messages_ready (rabbitmqctl: the total counts what the
@@ -292,22 +241,15 @@ class Monitor(threading.Thread):
 
 
 def start_rebound(log_dir, upstream, queues):
-    port = rbtest.free_port()
-    rb = rbtest.Rebound(log_dir, upstream, [
-        "--admin", "127.0.0.1:%d" % port, "--retry-queues", ",".join(queues),
-        "--retry-tiers", DELAY, "--max-attempts", str(MAX_ATTEMPTS),
-        "--tier-watch", WATCH, "--tier-grace", "%ds" % GRACE_S,
-        "--tier-heal-after", "%ds" % HEAL_AFTER_S])
-    rb.admin_port = port
-    rbtest.wait_until(lambda: _healthy(port), 10, "rebound's admin endpoint")
-    return rb
-
-
-def _healthy(port):
-    try:
-        return get(port, "/healthz")[0] == 200
-    except OSError:
-        return False
+    """rebound in front of the cluster, its admin endpoint answering (a
+    module's cluster outlives rebound_factory: started here, stopped by
+    one_outage)."""
+    return admin_rebound(
+        lambda *args: rbtest.Rebound(log_dir, upstream, list(args)),
+        "--retry-queues", ",".join(queues), "--retry-tiers", DELAY,
+        "--max-attempts", str(MAX_ATTEMPTS), "--tier-watch", WATCH,
+        "--tier-grace", "%ds" % GRACE_S, "--tier-heal-after",
+        "%ds" % HEAL_AFTER_S)
 
 
 def queue_view(port, q):
@@ -402,7 +344,7 @@ def one_outage(c, log_dir, number):
     consumers = [Consumer("c%d" % i, rb, n1.broker, qs, rec) for i in (1, 2)]
     for th in consumers:
         th.start()
-    pub = Publisher(n3.url, qs)
+    pub = Publisher(n3.url, qs, N, RATE, kind_of, burst=BURST)
     mon = Monitor(n3, qs, rb.admin_port)
     look = pika.BlockingConnection(pika.URLParameters(n3.url))
     r = {"number": number, "queues": qs, "log": rb.log_path, "problems": [],
@@ -522,7 +464,7 @@ def one_outage(c, log_dir, number):
         r["healed_ids"] = set(rec.healed)
         r["bad"] = list(rec.bad)
     r["sent"] = dict(pub.sent)
-    r["resent"] = pub.resent
+    r["resent"] = sum(pub.resent.values())
     r["dl"] = dict(dl)
     r["samples"] = mon.samples
     r["drops"] = [len(th.drops) for th in consumers]
