@@ -8,9 +8,11 @@
 # The node also listens for AMQP over TLS (REBOUND_TEST_BROKER_TLS_PORT in env), with
 # the certificates of tests/tls/make_certs.sh in DIR/tls (REBOUND_TEST_CERTS): the
 # server's certificate names localhost and 127.0.0.1, signed by DIR/tls/ca.pem.
+# Its only plugin, rabbitmq_prometheus, serves the broker's own metrics on
+# 127.0.0.1:REBOUND_TEST_BROKER_PROMETHEUS_PORT (the alert rules' tests read them).
 #
 # Files in DIR: env (sourceable: RABBITMQ_* for rabbitmqctl + REBOUND_TEST_BROKER),
-# url, rabbitmqctl (wrapper that sources env), rabbitmq.conf, enabled_plugins (empty),
+# url, rabbitmqctl (wrapper that sources env), rabbitmq.conf, enabled_plugins,
 # cookie, launcher.pid (process group of the node), rabbitmq.pid (beam), log/, mnesia/.
 #
 # The node is named rebound-test-<amqp port>@localhost (short name, resolves through
@@ -157,7 +159,7 @@ do_stop() {
 }
 
 do_start() {
-    local lpid bpid port dist tlsport cookie node i attempt reuse=0
+    local lpid bpid port dist tlsport promport cookie node i attempt reuse=0
     # Reuse a node already running for DIR (or wait for one that is booting).
     if [ -f "$ENV_FILE" ]; then
         port=$(set +u; . "$ENV_FILE"; echo "$RABBITMQ_NODE_PORT")
@@ -199,6 +201,11 @@ do_start() {
     while [ "$tlsport" = "$port" ] || [ "$tlsport" = "$dist" ]; do
         tlsport=$(free_port)
     done
+    promport=$(free_port)
+    while [ "$promport" = "$port" ] || [ "$promport" = "$dist" ] ||
+        [ "$promport" = "$tlsport" ]; do
+        promport=$(free_port)
+    done
     sh "$HERE/../tests/tls/make_certs.sh" "$DIR/tls" || die "cannot make certificates"
     node=rebound-test-$port@localhost
     if [ -s "$DIR/cookie" ]; then
@@ -209,7 +216,7 @@ do_start() {
     fi
 
     mkdir -p "$DIR/log" "$DIR/mnesia" "$DIR/home"
-    : >"$DIR/enabled_plugins"          # no plugins at all
+    echo "[rabbitmq_prometheus]." >"$DIR/enabled_plugins"
     : >"$DIR/rabbitmq-env.conf"        # ignore /etc/rabbitmq/rabbitmq-env.conf
     cat >"$DIR/rabbitmq.conf" <<'EOF'
 # private test node (scripts/broker.sh); listener/port come from the environment
@@ -226,6 +233,8 @@ ssl_options.certfile = $DIR/tls/server.pem
 ssl_options.keyfile = $DIR/tls/server.key
 ssl_options.verify = verify_none
 ssl_options.fail_if_no_peer_cert = false
+prometheus.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $promport
 EOF
 
     # Everything rabbitmq-server and rabbitmqctl need; sourceable by tests.
@@ -250,6 +259,7 @@ export REBOUND_TEST_BROKER=amqp://guest:guest@127.0.0.1:$port/
 # vhost "" (pika and kombu read it as "/").
 export REBOUND_TEST_BROKER_VHOST_URL=amqp://guest:guest@127.0.0.1:$port/%2F
 export REBOUND_TEST_BROKER_TLS_PORT=$tlsport
+export REBOUND_TEST_BROKER_PROMETHEUS_PORT=$promport
 export REBOUND_TEST_CERTS=$DIR/tls
 EOF
     echo "amqp://guest:guest@127.0.0.1:$port/" >"$DIR/url"

@@ -15,7 +15,7 @@ run_pkgs=(rabbitmq-server python3 openssl ca-certificates)
 test_pkgs=(clang libclang-rt-14-dev libcmocka-dev amqp-specs python3-pika
            python3-kombu python3-pytest amqp-tools librabbitmq-dev ruby-bunny
            valgrind haproxy chromium nodejs systemd groff-base mmdebstrap
-           podman runc)
+           podman runc prometheus)
 
 pkgs=("${build_pkgs[@]}")
 [ "$mode" = --build ] || pkgs+=("${run_pkgs[@]}")
@@ -27,6 +27,8 @@ pkgs=("${build_pkgs[@]}")
 [ "$mode" != all ] || command -v kubectl >/dev/null ||
   pkgs+=(kubernetes-client)
 
+# prometheus brings promtool, which checks and runs the shipped alert rules
+# (its service is not started: see policy-rc.d below).
 # The admin page's browser test drives Debian's chromium through
 # playwright-core (npm, pinned by tests/integration/web/package-lock.json;
 # no browser download).

@@ -127,6 +127,18 @@ class Broker:
     def addr(self):
         return "%s:%d" % (self.host, self.port)
 
+    def env(self):
+        """The variables scripts/broker.sh wrote for this node (its TLS and
+        metrics ports among them); {} for a broker it did not start."""
+        env = {}
+        path = os.path.join(self.dir or "", "env")
+        if os.path.exists(path):
+            for line in open(path):
+                if line.startswith("export ") and "=" in line:
+                    k, v = line[7:].strip().split("=", 1)
+                    env[k] = v
+        return env
+
     def ctl(self, *args, timeout=60):
         if not self.ctl_path or not os.path.exists(self.ctl_path):
             raise AssertionError("no rabbitmqctl wrapper (REBOUND_TEST_BROKER_DIR)")

@@ -19,20 +19,9 @@ import amqp_raw
 import rbtest
 
 
-def _broker_env(broker):
-    env = {}
-    path = os.path.join(broker.dir or "", "env")
-    if os.path.exists(path):
-        for line in open(path):
-            if line.startswith("export ") and "=" in line:
-                k, v = line[7:].strip().split("=", 1)
-                env[k] = v
-    return env
-
-
 @pytest.fixture(scope="module")
 def tls_broker(broker):
-    env = _broker_env(broker)
+    env = broker.env()
     if "REBOUND_TEST_BROKER_TLS_PORT" not in env:
         pytest.fail("the test broker has no TLS listener (start it with "
                     "scripts/broker.sh)")
