@@ -259,12 +259,12 @@ static void render_unsettled(px_server *srv, px_admin_response *r) {
 
 /* The watched tiers and dead-letter queues (px_watch.h), one family at
  * a time. */
-enum { W_DEPTH, W_AGE, W_OVERDUE, W_DLQ_DEPTH, W_MISSING, W_FAMILIES };
+enum { W_DEPTH, W_AGE, W_OVERDUE, W_DLQ_DEPTH, W_MISSING, W_NAME, W_FAMILIES };
 
 static const char *const watch_names[W_FAMILIES] = {
-    "rebound_tier_depth", "rebound_tier_oldest_age_seconds",
-    "rebound_tier_overdue", "rebound_dead_letter_depth",
-    "rebound_source_queue_missing"};
+    "rebound_tier_depth",           "rebound_tier_oldest_age_seconds",
+    "rebound_tier_overdue",         "rebound_dead_letter_depth",
+    "rebound_source_queue_missing", "rebound_tier_queue_info"};
 
 static const char *const watch_helps[W_FAMILIES] = {
     "Copies waiting in a delay tier at rebound's last look, by source queue "
@@ -274,7 +274,8 @@ static const char *const watch_helps[W_FAMILIES] = {
     "--tier-grace: the broker is not giving copies back",
     "Messages in a dead-letter queue rebound parked messages in",
     "1 when a source queue with copies in its tiers does not exist: the "
-    "broker drops them when they expire"};
+    "broker drops them when they expire",
+    "1 for each delay tier rebound watches; name: its queue on the broker"};
 
 typedef struct watch_render {
   px_admin_response *r;
@@ -300,10 +301,15 @@ static void watch_series(void *ctx, const px_watch_info *q) {
       return;
     v = (double)q->depth;
     break;
-  default: /* W_MISSING: per tier; the merge keeps the largest */
+  case W_MISSING: /* per tier; the merge keeps the largest */
     if (q->dead_letter)
       return;
     v = q->source_missing && q->depth != 0; /* as the flag and the log */
+    break;
+  default: /* W_NAME */
+    if (q->dead_letter)
+      return;
+    v = 1;
     break;
   }
   px_admin_printf(w->r, "%s{", watch_names[w->family]);
@@ -311,6 +317,10 @@ static void watch_series(void *ctx, const px_watch_info *q) {
   if (w->family != W_DLQ_DEPTH) {
     px_admin_append(w->r, ",", 1);
     put_label(w->r, "tier", q->tier);
+  }
+  if (w->family == W_NAME) {
+    px_admin_append(w->r, ",", 1);
+    put_label(w->r, "name", q->queue);
   }
   px_admin_printf(w->r, "} %.17g\n", v);
 }

@@ -57,6 +57,7 @@ static const struct {
     {"rebound_tier_overdue", MAX},
     {"rebound_dead_letter_depth", MAX},
     {"rebound_source_queue_missing", MAX},
+    {"rebound_tier_queue_info", MAX},
     /* a descriptor limit is per process: the fullest one counts */
     {"process_open_fds", MAX},
     {"process_max_fds", MIN},

@@ -10,9 +10,15 @@ demand (the cluster test in test_cluster.py makes a real one): here the
 stuck copy is one the test puts into the tier with a last-failed-at ten
 minutes ago, which is what such a copy looks like to rebound."""
 import datetime
+import http.client
 import json
+import os
+import re
+import shutil
+import subprocess
 
 import pika
+import yaml
 
 import rbtest
 from retryhelp import count_of, direct, dlq, pump, tier
@@ -21,6 +27,18 @@ from test_admin import admin_rebound, get, metrics
 assert direct  # a fixture
 
 PREFIX = "rebound-"
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                     "..", "deploy", "prometheus", "rules.yml")
+
+
+def promtool(*args):
+    """promtool (Debian's prometheus package, which scripts/setup.sh
+    installs) on the shipped rules; its output if it succeeds."""
+    assert shutil.which("promtool"), "promtool missing: run scripts/setup.sh"
+    p = subprocess.run(["promtool", *args], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
 
 
 def watch_rebound(factory, q, *extra):
@@ -249,17 +267,10 @@ def test_alert_rules_use_exported_metrics(rebound_factory):
     """deploy/prometheus/rules.yml alerts on what rebound exports: every
     metric a rule names is one of its families, and the tier watch's
     findings each have a rule."""
-    import os
-    import re
-    import shutil
-    import subprocess
-    import yaml
     rb = admin_rebound(rebound_factory)
     _, _, body = get(rb.admin_port, "/metrics")
     declared = set(re.findall(r"^# TYPE (\S+) ", body, re.M))
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy",
-                        "prometheus", "rules.yml")
-    rules = [r for g in yaml.safe_load(open(path))["groups"]
+    rules = [r for g in yaml.safe_load(open(RULES))["groups"]
              for r in g["rules"]]
     used = set()
     for r in rules:
@@ -270,8 +281,114 @@ def test_alert_rules_use_exported_metrics(rebound_factory):
     assert {"rebound_tier_overdue", "rebound_source_queue_missing",
             "rebound_tier_copies_healed_total",
             "rebound_tier_watch_failures_total"} <= used
-    if shutil.which("promtool"):
-        subprocess.run(["promtool", "check", "rules", path], check=True)
+    promtool("check", "rules", RULES)
+
+
+def scrape(port, path):
+    """{series: value} of a Prometheus text page, series as written."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read().decode()
+    c.close()
+    assert r.status == 200, (path, r.status, body[:200])
+    out = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def broker_queue_metrics(port):
+    m = scrape(port, "/metrics/detailed?family=queue_coarse_metrics")
+    return {k: v for k, v in m.items()
+            if k.startswith("rabbitmq_detailed_queue_messages")}
+
+
+def backlog(port, name):
+    """Messages the broker holds in queue `name` that are neither ready
+    nor unacked, from its own metrics."""
+    m = broker_queue_metrics(port)
+    key = '{vhost="/",queue="%s"}' % name
+    return (m.get("rabbitmq_detailed_queue_messages" + key, 0)
+            - m.get("rabbitmq_detailed_queue_messages_ready" + key, 0)
+            - m.get("rabbitmq_detailed_queue_messages_unacked" + key, 0))
+
+
+def backlog_alerts(tmp_path, label, scrapes):
+    """Run ReboundTierDeadLetterBacklog over `scrapes` (each series held
+    for 5 minutes) in promtool; the alerts it fires at 1 and at 5 minutes,
+    as (minute, queue, summary)."""
+    case = {"interval": "1m", "input_series": [
+        {"series": k, "values": "%sx5" % repr(v)}
+        for scrape_ in scrapes for k, v in scrape_.items()]}
+    fired = []
+    for minute in (1, 5):
+        # promtool prints the alerts it got when they differ from those
+        # expected: expect none and read what it says.
+        t = dict(case, alert_rule_test=[{
+            "eval_time": "%dm" % minute,
+            "alertname": "ReboundTierDeadLetterBacklog", "exp_alerts": []}])
+        path = tmp_path / ("%s-%d.yml" % (label, minute))
+        path.write_text(yaml.safe_dump({"rule_files": [os.path.abspath(RULES)],
+                                        "evaluation_interval": "1m",
+                                        "tests": [t]}))
+        p = subprocess.run(["promtool", "test", "rules", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        out = p.stdout + p.stderr
+        if p.returncode == 0:
+            continue
+        got = re.findall(r'queue="([^"]+)".*?summary="([^"]*)"', out, re.S)
+        assert got, out
+        fired += [(minute, q, s) for q, s in got]
+    return fired
+
+
+def test_dead_letter_backlog_alert(rebound_factory, broker, direct, tmp_path):
+    """Copies a quorum tier has expired and dead-letters at-least-once, but
+    cannot hand over, wait in its `messages`, not its `messages_ready`:
+    no AMQP client sees them, rebound's watch included (seen on a cluster
+    while the node leading the source is away; made here by deleting the
+    source, so the broker can route them nowhere). The shipped rule
+    ReboundTierDeadLetterBacklog reads the broker's own metrics for the
+    tiers rebound reports: run by promtool on real scrapes of this broker
+    and of rebound, it fires for that tier after its 2 minutes, and not
+    on the scrapes taken before the fault."""
+    assert shutil.which("promtool"), "promtool missing: run scripts/setup.sh"
+    port = broker.env().get("REBOUND_TEST_BROKER_PROMETHEUS_PORT")
+    assert port, "the test broker serves no metrics (scripts/broker.sh)"
+    q = direct.own(rbtest.uniq("backlog"))
+    name = direct.own(tier(q, "30s"))
+    direct.own(dlq(q))
+    rb = watch_rebound(rebound_factory, q)
+    conn, _ = fail_once(rb, broker, q, b"m", durable=True,
+                        arguments={"x-queue-type": "quorum"})
+    assert broker.queue_type(name) == "quorum"
+    wait_metric(rb, series("rebound_tier_depth", q), 1.0)
+    before = [broker_queue_metrics(port), tier_names(rb)]
+
+    direct.conn.channel().queue_delete(q)
+    empty_tier(rb, direct, q)
+    ch = direct.conn.channel()
+    ch.basic_publish("", name, b"expired",
+                     pika.BasicProperties(delivery_mode=2, expiration="1"))
+    rbtest.wait_until(lambda: backlog(port, name) == 1, 30,
+                      lambda: "%s's backlog 1 (now %r)" % (
+                          name, backlog(port, name)))
+    assert metrics(rb.admin_port)[series("rebound_tier_depth", q)] == 0.0
+    after = [broker_queue_metrics(port), tier_names(rb)]
+
+    assert backlog_alerts(tmp_path, "before", before) == []
+    fired = backlog_alerts(tmp_path, "after", after)
+    assert [(m, q_) for m, q_, _ in fired] == [(5, name)], fired
+    assert "holds 1 expired copies" in fired[0][2], fired
+    conn.close()
+
+
+def tier_names(rb):
+    return {k: v for k, v in scrape(rb.admin_port, "/metrics").items()
+            if k.startswith("rebound_tier_queue_info{")}
 
 
 def test_no_login_to_watch_with_is_said(rebound_factory, broker, direct):
