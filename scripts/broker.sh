@@ -22,7 +22,10 @@
 #
 # Environment: REBOUND_BROKER_START_TIMEOUT (s, default 90),
 # REBOUND_BROKER_STOP_TIMEOUT (s, default 30), REBOUND_BROKER_LAUNCH_DELAY
-# (s the launcher waits before it starts the node; 0, for tests).
+# (s the launcher waits before it starts the node; 0, for tests),
+# REBOUND_BROKER_OWNER (a pid: the node started belongs to that process, a
+# test; once it is gone, killed by a timeout included, a watcher of its own
+# session stops the node, and the watcher ends with the node).
 set -euo pipefail
 
 RMQ_BIN=/usr/lib/rabbitmq/bin
@@ -35,7 +38,7 @@ die() { echo "broker.sh: $*" >&2; exit 1; }
 log() { echo "broker.sh: $*" >&2; }
 
 usage() { die "usage: $0 start|stop DIR"; }
-[ $# -eq 2 ] || usage
+[ $# -eq 2 ] || [ "${1:-}" = watch ] || usage
 cmd=$1
 
 # --- small helpers -------------------------------------------------------------
@@ -116,6 +119,29 @@ running() {
 }
 
 readpid() { [ -s "$1" ] && tr -dc '0-9' <"$1" || true; }
+
+# starttime PID: when PID started (clock ticks since boot), which tells it
+# from a later process that reuses its number; fails if PID is gone.
+starttime() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }                  # the fields after "(comm) "
+    set -- $stat
+    echo "${20}"
+}
+
+# watch OWNER SINCE LAUNCHER DIR (run by start, in a session of its own):
+# stop the node in DIR once OWNER, started at SINCE, is gone; end when the
+# node's launcher is gone (the node stopped or started again).
+if [ "${1:-}" = watch ] && [ $# -eq 5 ]; then
+    exec 0</dev/null >/dev/null 2>&1
+    while [ "$(starttime "$2" || true)" = "$3" ]; do
+        running "$4" || exit 0
+        sleep 1
+    done
+    running "$4" || exit 0
+    exec "$0" stop "$5"
+fi
 
 # --- main ----------------------------------------------------------------------
 
@@ -307,7 +333,22 @@ EOF
     [ "$reuse" = 1 ] || port=$(free_port)
     sleep 1
     done
+    watch_owner "$lpid"
     report "$port"
+}
+
+# The node just started belongs to REBOUND_BROKER_OWNER, if set: a watcher
+# stops it once that process is gone.
+watch_owner() {
+    local owner=${REBOUND_BROKER_OWNER:-} since
+    [ -n "$owner" ] || return 0
+    since=$(starttime "$owner") || {
+        log "owner $owner is gone; stopping the node"
+        do_stop
+        exit 1
+    }
+    setsid "$HERE/broker.sh" watch "$owner" "$since" "$1" "$DIR" \
+        9>&- 8>&- </dev/null >/dev/null 2>&1 &
 }
 
 # wait_up PORT LAUNCHER_PID: poll until AMQP answers; fail early if the node died.

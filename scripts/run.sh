@@ -27,7 +27,7 @@ done
 # No upstream given: a private RabbitMQ, stopped again when rebound stops
 # (Ctrl-C or SIGTERM reach rebound, which drains; then the broker goes).
 broker_dir=$build/broker
-url=$(scripts/broker.sh start "$broker_dir" | tail -n 1)
+url=$(REBOUND_BROKER_OWNER=$$ scripts/broker.sh start "$broker_dir" | tail -n 1)
 port=${url##*:}
 port=${port%/}
 echo "run: RabbitMQ on 127.0.0.1:$port, stopped when rebound stops"

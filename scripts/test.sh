@@ -23,7 +23,9 @@ cmake --build "$build/asan" -j "$jobs"
 echo "== private RabbitMQ"
 broker_dir=$build/broker
 trap 'scripts/broker.sh stop "$broker_dir" || true' EXIT
-eval "export $(scripts/broker.sh start "$broker_dir" | tail -n 1)"
+# the node stops with this script, even a killed one (broker.sh)
+eval "export $(REBOUND_BROKER_OWNER=$$ scripts/broker.sh start "$broker_dir" |
+  tail -n 1)"
 export REBOUND_TEST_BROKER_DIR=$(cd "$broker_dir" && pwd)
 echo "REBOUND_TEST_BROKER=$REBOUND_TEST_BROKER"
 

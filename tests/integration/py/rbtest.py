@@ -79,6 +79,24 @@ def raise_nofile():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_test():
+    """preexec_fn of a server a test starts: it is killed when the test's
+    process ends, however it ends (a ctest timeout kills the test with no
+    time for its clean-up), so no server outlives its test."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def server_preexec():
+    raise_nofile()
+    die_with_test()
+
+
 # ---- logfmt ---------------------------------------------------------------
 
 _LOGFMT_TOKEN = re.compile(r'\s*([^\s=]+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?=\s|$)')
@@ -205,6 +223,43 @@ def broker_from_env():
     return Broker(BROKER_URL, BROKER_DIR)
 
 
+BROKER_SH = os.path.join(REPO, "scripts", "broker.sh")
+
+
+def broker_sh(cmd, state_dir, timeout=180):
+    """scripts/broker.sh CMD DIR; a node it starts belongs to this process
+    (REBOUND_BROKER_OWNER) and is stopped once it is gone."""
+    env = dict(os.environ, REBOUND_BROKER_OWNER=str(os.getpid()))
+    p = subprocess.run([BROKER_SH, cmd, state_dir], capture_output=True,
+                       text=True, timeout=timeout, env=env)
+    assert p.returncode == 0, "broker.sh %s failed: %s%s" % (cmd, p.stdout,
+                                                            p.stderr)
+    return p.stdout
+
+
+def private_broker(prefix):
+    """A RabbitMQ node of the test's own (scripts/broker.sh in a fresh
+    directory), never the shared test broker: yields its Broker, stops it
+    after."""
+    import shutil
+    import tempfile
+    state_dir = tempfile.mkdtemp(prefix=prefix)
+    try:
+        out = broker_sh("start", state_dir)
+        url = [l for l in out.splitlines()
+               if l.startswith("REBOUND_TEST_BROKER=")][-1]
+        b = Broker(url.split("=", 1)[1], state_dir)
+        # broker.sh reports the port it was asked about; make sure the node
+        # in *our* directory is the one answering there
+        assert os.path.exists(os.path.join(state_dir, "rabbitmq.pid")), \
+            "the private broker did not start (pid file missing)"
+        yield b
+    finally:
+        subprocess.run([BROKER_SH, "stop", state_dir], capture_output=True,
+                       timeout=120)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 # ---- rebound ---------------------------------------------------------------
 
 
@@ -269,7 +324,7 @@ class Rebound:
                 penv.update(env)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                          stdout=self._logf, stderr=self._logf,
-                                         env=penv, preexec_fn=raise_nofile)
+                                         env=penv, preexec_fn=server_preexec)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 if "msg=listening" in self.log():

@@ -215,7 +215,8 @@ def test_json_log_lines_parse(broker, tmp_path):
     proc = subprocess.Popen([os.environ["REBOUND_BIN"], "--log-format", "json",
                              "--admin", "off", "--listen", "127.0.0.1:%d" % port,
                              "--upstream", broker.addr],
-                            stderr=open(log, "w"))
+                            stderr=open(log, "w"),
+                            preexec_fn=rbtest.die_with_test)
     try:
         rbtest.wait_until(lambda: b'"msg":"listening"' in log.read_bytes(), 10,
                           "listening line")

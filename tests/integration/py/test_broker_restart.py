@@ -2,10 +2,8 @@
 private extra RabbitMQ node (scripts/broker.sh on its own directory), never
 the shared test broker."""
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import pika
@@ -16,34 +14,12 @@ import amqp_raw as a
 
 import rbtest
 
-BROKER_SH = os.path.join(rbtest.REPO, "scripts", "broker.sh")
-
-
-def broker_sh(cmd, state_dir, timeout=180):
-    p = subprocess.run([BROKER_SH, cmd, state_dir], capture_output=True,
-                       text=True, timeout=timeout)
-    assert p.returncode == 0, "broker.sh %s failed: %s%s" % (cmd, p.stdout, p.stderr)
-    return p.stdout
+BROKER_SH, broker_sh = rbtest.BROKER_SH, rbtest.broker_sh
 
 
 @pytest.fixture(scope="module")
 def private_broker():
-    if not os.access(BROKER_SH, os.X_OK):
-        pytest.skip("needs scripts/broker.sh")
-    state_dir = tempfile.mkdtemp(prefix="rb-restart-")
-    try:
-        out = broker_sh("start", state_dir)
-        url = [l for l in out.splitlines() if l.startswith("REBOUND_TEST_BROKER=")][-1]
-        b = rbtest.Broker(url.split("=", 1)[1], state_dir)
-        # broker.sh reports the port it was asked about; make sure the node
-        # in *our* directory is the one answering there
-        assert os.path.exists(os.path.join(state_dir, "rabbitmq.pid")), \
-            "the private broker did not start (pid file missing)"
-        yield b
-    finally:
-        subprocess.run([BROKER_SH, "stop", state_dir], capture_output=True,
-                       timeout=120)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    yield from rbtest.private_broker("rb-restart-")
 
 
 def pump_until_closed(conn, timeout):

@@ -20,7 +20,8 @@ def run_with(path, broker, tmp_path):
                              "--listen", "127.0.0.1:%d" % port,
                              "--admin", "127.0.0.1:%d" % admin,
                              "--upstream", broker.addr, "--log-format", "text"],
-                            stderr=open(log, "w"))
+                            stderr=open(log, "w"),
+                            preexec_fn=rbtest.die_with_test)
     try:
         rbtest.wait_until(lambda: b"msg=admin_listening" in log.read_bytes()
                           or proc.poll() is not None, 10, "start")

@@ -5,10 +5,6 @@ whose frames wait for it. rebound must stop reading that client rather
 than keep what it sends. Uses a private RabbitMQ node (scripts/broker.sh
 on its own directory), never the shared test broker: an alarm blocks
 every publisher of the node."""
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -20,34 +16,9 @@ from test_hardening_upstream import (BODY, GROWTH_BOUND_MIB,
                                      SMALL_QUARANTINE, TOTAL, Publisher,
                                      consume)
 
-BROKER_SH = os.path.join(rbtest.REPO, "scripts", "broker.sh")
-
-
-def broker_sh(cmd, state_dir, timeout=180):
-    p = subprocess.run([BROKER_SH, cmd, state_dir], capture_output=True,
-                       text=True, timeout=timeout)
-    assert p.returncode == 0, "broker.sh %s failed: %s%s" % (cmd, p.stdout,
-                                                            p.stderr)
-    return p.stdout
-
-
 @pytest.fixture(scope="module")
 def private_broker():
-    if not os.access(BROKER_SH, os.X_OK):
-        pytest.skip("needs scripts/broker.sh")
-    state_dir = tempfile.mkdtemp(prefix="rb-alarm-")
-    try:
-        out = broker_sh("start", state_dir)
-        url = [l for l in out.splitlines()
-               if l.startswith("REBOUND_TEST_BROKER=")][-1]
-        b = rbtest.Broker(url.split("=", 1)[1], state_dir)
-        assert os.path.exists(os.path.join(state_dir, "rabbitmq.pid")), \
-            "the private broker did not start (pid file missing)"
-        yield b
-    finally:
-        subprocess.run([BROKER_SH, "stop", state_dir], capture_output=True,
-                       timeout=120)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    yield from rbtest.private_broker("rb-alarm-")
 
 
 def start_ok_blocked_capable():

@@ -29,3 +29,77 @@ def test_broker_sh_waits_for_a_launcher_slow_to_start_the_node(tmp_path):
     finally:
         subprocess.run([BROKER_SH, "stop", state], capture_output=True,
                        timeout=120)
+
+
+KILLED_TEST = r"""
+import os, sys, time
+sys.path.insert(0, %(here)r)
+import rbtest
+state, out = sys.argv[1], sys.argv[2]
+text = rbtest.broker_sh("start", state)
+url = text.strip().splitlines()[-1].split("=", 1)[1]
+broker = rbtest.Broker(url, state)
+rb = rbtest.Rebound(os.path.dirname(out), broker.addr)
+beam = open(os.path.join(state, "rabbitmq.pid")).read().strip()
+with open(out + ".tmp", "w") as f:
+    f.write("%%s %%d %%d" %% (beam, rb.proc.pid, broker.port))
+os.rename(out + ".tmp", out)
+time.sleep(3600)
+"""
+
+
+def test_a_killed_test_leaves_no_server_behind(tmp_path):
+    """A test killed with no time to clean up (a ctest timeout) takes its
+    servers with it: the RabbitMQ node it started through broker.sh
+    (REBOUND_BROKER_OWNER's watcher stops it) and its rebound
+    (PR_SET_PDEATHSIG)."""
+    import signal
+    import sys
+    state, out = str(tmp_path / "broker"), str(tmp_path / "pids")
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         KILLED_TEST % {"here": os.path.dirname(os.path.abspath(__file__))},
+         state, out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        rbtest.wait_until(lambda: os.path.exists(out) or
+                          child.poll() is not None, 240, "the servers up")
+        assert os.path.exists(out), child.stderr.read().decode()
+        beam, rebound, port = (int(x) for x in open(out).read().split())
+        assert alive(beam) and alive(rebound)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        rbtest.wait_until(lambda: not alive(rebound), 10, "rebound gone")
+        rbtest.wait_until(lambda: not alive(beam), 120, "the node gone")
+        rbtest.wait_until(lambda: not watchers(state), 30,
+                          lambda: "its watcher gone: %s" % watchers(state))
+        assert not os.path.exists(os.path.join(state, "rabbitmq.pid"))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        subprocess.run([BROKER_SH, "stop", state], capture_output=True,
+                       timeout=120)
+
+
+def alive(pid):
+    """pid runs (a zombie does not count)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1]
+                           for line in f)
+    except OSError:
+        return False
+
+
+def watchers(state):
+    """broker.sh processes still working on `state`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(b"broker.sh" in c for c in cmd) and state.encode() in cmd:
+            found.append(int(pid))
+    return found

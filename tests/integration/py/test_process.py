@@ -331,6 +331,7 @@ def start_with_fd_limit(tmp_path, broker, soft, hard, *args):
 
     def limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        rbtest.die_with_test()
 
     proc = subprocess.Popen(
         [rbtest.BIN, "--listen", "127.0.0.1:%d" % port, "--admin", "off",
@@ -426,7 +427,8 @@ def test_an_admin_address_that_cannot_be_bound_stops_the_start(broker):
         assert line and "address=127.0.0.1:%d" % port in line[0] and \
             'error="address already in use"' in line[0], run
         p = subprocess.Popen(base + ["--admin", "off"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=rbtest.die_with_test)
         try:
             rbtest.wait_until(lambda: "msg=listening" in p.stdout.readline(),
                               20, "rebound to listen with --admin off")
@@ -452,7 +454,7 @@ def test_log_file_is_reopened_on_sigusr1_by_every_worker(broker, tmp_path):
     proc = subprocess.Popen(
         [rbtest.BIN, "--listen", "127.0.0.1:%d" % port, "--admin", "off",
          "--upstream", broker.addr, "--workers", "2", "--log-file", str(log)],
-        stderr=stderr)
+        stderr=stderr, preexec_fn=rbtest.die_with_test)
     try:
         rbtest.wait_until(lambda: log.exists() and log.read_text().count(
             "msg=listening") >= 2, 20, "both workers listening")

@@ -76,7 +76,8 @@ def test_sighup_moves_the_listener(broker, tmp_path):
     log = tmp_path / "rebound.log"
     proc = subprocess.Popen([os.environ["REBOUND_BIN"], "--config", str(cfg),
                              "--admin", "off", "--upstream", broker.addr],
-                            stderr=open(log, "w"))
+                            stderr=open(log, "w"),
+                            preexec_fn=rbtest.die_with_test)
     try:
         rbtest.wait_until(lambda: b"msg=listening" in log.read_bytes(), 10,
                           "listening")
