@@ -239,6 +239,8 @@ int main(int argc, char **argv) {
     px_server_close(&srv); /* then let the close callbacks run; a late
                             * signal no longer interrupts that */
   px_pub_close_all();
+  if (started)
+    px_clock_close(&srv.clock); /* the last steps of what closed above */
   uv_walk(&loop, close_walk, NULL);
   while (uv_run(&loop, UV_RUN_DEFAULT) != 0)
     ;

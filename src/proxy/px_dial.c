@@ -12,7 +12,7 @@ static void attempt(px_dial *d);
 /* The upstreams in the order to try: those not failed lately first, in
  * their configured order, then the others, in theirs. */
 static void order(px_dial *d) {
-  uint64_t now = uv_now(d->loop);
+  uint64_t now = px_clock_ms(d->clock);
   d->n = 0;
   for (int recent = 0; recent < 2; recent++)
     for (unsigned i = 0; i < d->cfg->n_upstreams; i++) {
@@ -68,12 +68,12 @@ static void advance(px_dial *d) {
     uv_freeaddrinfo(d->ai);
     d->ai = NULL;
   }
-  d->memory->failed_ms[d->order[d->pos]] = uv_now(d->loop);
+  d->memory->failed_ms[d->order[d->pos]] = px_clock_ms(d->clock);
   d->pos++;
 }
 
 static void end_attempt(px_dial *d, const char *err) {
-  uv_timer_stop(&d->timer);
+  px_timer_stop(d->clock, &d->timer);
   note(d, err);
   advance(d);
   if (d->conn->open) {
@@ -84,7 +84,7 @@ static void end_attempt(px_dial *d, const char *err) {
   }
 }
 
-static void on_timeout(uv_timer_t *t) {
+static void on_timeout(px_timer *t) {
   px_dial *d = t->data;
   char err[96];
   snprintf(err, sizeof err, "no connection.start within %ums",
@@ -109,7 +109,7 @@ static void connect_sa(px_dial *d) {
     end_attempt(d, uv_strerror(rc));
     return;
   }
-  uv_timer_start(&d->timer, on_timeout, d->timeout_ms, 0);
+  px_timer_start(d->clock, &d->timer, d->timeout_ms);
 }
 
 static void take_next_ai(px_dial *d) {
@@ -190,13 +190,14 @@ static void attempt(px_dial *d) {
   }
 }
 
-void px_dial_start(px_dial *d, uv_loop_t *loop, const px_config *cfg,
-                   px_dial_memory *memory, struct px_tls_ctx *tls,
-                   px_conn *conn, uint32_t timeout_ms, const px_dial_events *ev,
-                   void *ctx, uint64_t id) {
+void px_dial_start(px_dial *d, uv_loop_t *loop, px_clock *clock,
+                   const px_config *cfg, px_dial_memory *memory,
+                   struct px_tls_ctx *tls, px_conn *conn, uint32_t timeout_ms,
+                   const px_dial_events *ev, void *ctx, uint64_t id) {
   memset(d, 0, sizeof *d);
   d->timeout_ms = timeout_ms;
   d->loop = loop;
+  d->clock = clock;
   d->cfg = cfg;
   d->memory = memory;
   d->tls = tls;
@@ -205,8 +206,7 @@ void px_dial_start(px_dial *d, uv_loop_t *loop, const px_config *cfg,
   d->ev = ev;
   d->ctx = ctx;
   d->id = id;
-  uv_timer_init(loop, &d->timer);
-  d->timer.data = d;
+  px_timer_init(&d->timer, on_timeout, d);
   order(d);
   attempt(d);
 }
@@ -240,7 +240,7 @@ void px_dial_started(px_dial *d) {
   if (d->done)
     return;
   d->done = true;
-  uv_timer_stop(&d->timer);
+  px_timer_stop(d->clock, &d->timer);
   d->memory->failed_ms[d->order[d->pos]] = 0;
   if (d->ai) {
     uv_freeaddrinfo(d->ai);
@@ -248,8 +248,11 @@ void px_dial_started(px_dial *d) {
   }
 }
 
-static void on_timer_closed(uv_handle_t *h) {
-  px_dial *d = h->data;
+/* The last step of px_dial_close(), from the clock (as a libuv close
+ * callback would be): the owner never hears `released` inside the call. */
+static void on_timer_closed(px_timer *t) {
+  px_dial *d = t->data;
+  px_timer_close(d->clock, &d->timer);
   d->timer_closed = true;
   if (!d->gai_pending)
     d->ev->released(d->ctx);
@@ -265,5 +268,7 @@ void px_dial_close(px_dial *d) {
     uv_freeaddrinfo(d->ai);
     d->ai = d->next_ai = NULL;
   }
-  uv_close((uv_handle_t *)&d->timer, on_timer_closed);
+  px_timer_stop(d->clock, &d->timer);
+  d->timer.fn = on_timer_closed;
+  px_timer_start(d->clock, &d->timer, 0);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "px_clock.h"
 #include "px_config.h"
 #include "px_conn.h"
 
@@ -53,6 +54,7 @@ typedef struct px_dial_events {
 
 typedef struct px_dial {
   uv_loop_t *loop;
+  px_clock *clock;
   const px_config *cfg;
   px_dial_memory *memory;
   struct px_tls_ctx *tls; /* for amqps upstreams */
@@ -68,7 +70,7 @@ typedef struct px_dial {
   struct addrinfo *ai, *next_ai;    /* its resolved addresses; the next */
   struct sockaddr_storage sa;       /* the address being tried / in use */
   uv_getaddrinfo_t gai;
-  uv_timer_t timer;
+  px_timer timer;
   bool gai_pending;
   bool closing_attempt; /* the next attempt follows the closed event */
   bool done;            /* connection.start came: dialing is over */
@@ -84,10 +86,10 @@ typedef struct px_dial {
 /* Set up a dialer for `conn` (whose io is the transport to use) and
  * start: the first attempt, or the resolver. `timeout_ms` bounds each
  * attempt. */
-void px_dial_start(px_dial *d, uv_loop_t *loop, const px_config *cfg,
-                   px_dial_memory *memory, struct px_tls_ctx *tls,
-                   px_conn *conn, uint32_t timeout_ms, const px_dial_events *ev,
-                   void *ctx, uint64_t id);
+void px_dial_start(px_dial *d, uv_loop_t *loop, px_clock *clock,
+                   const px_config *cfg, px_dial_memory *memory,
+                   struct px_tls_ctx *tls, px_conn *conn, uint32_t timeout_ms,
+                   const px_dial_events *ev, void *ctx, uint64_t id);
 /* The connection's events, passed on while dialing (!done). */
 void px_dial_connected(px_dial *d, int status);
 void px_dial_closed(px_dial *d);

@@ -64,6 +64,7 @@ typedef struct dlq_content {
 
 struct px_dlq {
   uv_loop_t *loop;
+  px_clock *clock; /* its connection's dialer's */
   px_pub *pub;
   uv_timer_t timer;
   dlq_state state;
@@ -790,7 +791,8 @@ static px_pub *dial(px_dlq *d, const px_config *cfg, px_dial_memory *memory,
                         .frame_max = FRAME_MAX,
                         .timeout_ms = cfg->connect_timeout_ms * 2 + 10000,
                         .name = d->req.name ? d->req.name : "rebound dlq"};
-  px_pub *pub = px_pub_dial(d->loop, cfg, memory, tls, &login, &pub_events, d);
+  px_pub *pub =
+      px_pub_dial(d->loop, d->clock, cfg, memory, tls, &login, &pub_events, d);
   explicit_bzero(plain, sizeof plain);
   explicit_bzero(d->req.password, sizeof d->req.password);
   return pub;
@@ -833,7 +835,7 @@ void px_dlq_add_policy_queues(px_dlq_request *q, const retry_policy *p) {
     }
 }
 
-px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
+px_dlq *px_dlq_start(uv_loop_t *loop, px_clock *clock, const px_config *cfg,
                      px_dial_memory *memory, struct px_tls_ctx *tls,
                      const px_dlq_request *req, const px_dlq_events *ev,
                      void *ctx) {
@@ -845,6 +847,7 @@ px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
     return NULL;
   }
   d->loop = loop;
+  d->clock = clock;
   d->req = *req;
   d->ev = ev;
   d->ctx = ctx;

@@ -171,7 +171,7 @@ void px_dlq_add_policy_queues(px_dlq_request *q, const retry_policy *p);
 
 /* Start an operation (the request is copied; the passwords in it are
  * wiped). NULL when out of memory. */
-px_dlq *px_dlq_start(uv_loop_t *loop, const px_config *cfg,
+px_dlq *px_dlq_start(uv_loop_t *loop, px_clock *clock, const px_config *cfg,
                      px_dial_memory *memory, struct px_tls_ctx *tls,
                      const px_dlq_request *req, const px_dlq_events *ev,
                      void *ctx);

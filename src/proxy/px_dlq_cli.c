@@ -65,6 +65,7 @@ typedef struct cli {
   px_dlq_request req;
   px_config *cfg;
   uv_loop_t loop;
+  px_clock clock; /* on loop: the connection's dialer's */
   bool json, quiet, have_limit;
   const char *cmd;
   const char *url, *password_file, *admin;
@@ -581,9 +582,13 @@ static void on_signal_closed(uv_handle_t *h) {
 static void run_op(cli *c, px_tls_ctx *tls, px_dial_memory *memory) {
   uv_signal_t sigs[2];
   int signums[2] = {SIGINT, SIGTERM};
-  px_dlq *d = px_dlq_start(&c->loop, c->cfg, memory, tls, &c->req, &events, c);
+  px_clock_init(&c->clock, &c->loop);
+  px_dlq *d = px_dlq_start(&c->loop, &c->clock, c->cfg, memory, tls, &c->req,
+                           &events, c);
   if (!d) {
     fail("out of memory");
+    px_clock_close(&c->clock);
+    uv_run(&c->loop, UV_RUN_DEFAULT);
     return;
   }
   for (int i = 0; i < 2; i++) {
@@ -597,6 +602,7 @@ static void run_op(cli *c, px_tls_ctx *tls, px_dial_memory *memory) {
   c->sigs = NULL;
   for (int i = 0; i < 2; i++)
     uv_close((uv_handle_t *)&sigs[i], on_signal_closed);
+  px_clock_close(&c->clock);
   uv_run(&c->loop, UV_RUN_DEFAULT);
 }
 

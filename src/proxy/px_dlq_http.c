@@ -251,7 +251,7 @@ static void run(px_server *srv, http_op *h, px_dlq_request *q,
   h->kind = q->kind;
   snprintf(h->policy.header_prefix, sizeof h->policy.header_prefix, "%s",
            srv->cfg->retry.header_prefix);
-  h->op = px_dlq_start(srv->loop, srv->cfg, &srv->dial_memory,
+  h->op = px_dlq_start(srv->loop, &srv->clock, srv->cfg, &srv->dial_memory,
                        srv->tls_upstream, q, &events, h);
   explicit_bzero(q->password, sizeof q->password);
   if (!h->op) {

@@ -6,8 +6,7 @@
 #include "px_log.h"
 #include "px_server.h"
 
-/* The session's timer: its phase's limit passed. */
-static void on_timer(uv_timer_t *t) {
+void px_life_timer_due(px_timer *t) {
   px_session *s = t->data;
   s->hooks->timeout(s);
 }
@@ -62,9 +61,9 @@ void px_life_phase(px_session *s, px_close_phase to) {
   uint64_t ms = phase_wait_ms(s, to);
   if (ms == PX_PHASE_RUNS_ON)
     return;
-  uv_timer_stop(&s->timer);
+  px_timer_stop(&s->srv->clock, &s->timer);
   if (ms && to != PX_PHASE_CLOSED)
-    uv_timer_start(&s->timer, on_timer, ms, 0);
+    px_timer_start(&s->srv->clock, &s->timer, ms);
 }
 
 void px_life_closing(px_session *s, px_close_by by) {

@@ -232,7 +232,7 @@ static void render_tls(px_server *srv, px_admin_response *r) {
  * and how many are older than --stuck-after. */
 static void render_unsettled(px_server *srv, px_admin_response *r) {
   px_view_unsettled per[PX_METRICS_MAX_QUEUES + 1];
-  uint64_t now_us = uv_hrtime() / 1000;
+  uint64_t now_us = px_clock_us(&srv->clock);
   px_view_scan(srv, per, PX_METRICS_MAX_QUEUES + 1, NULL, 0);
   static const char *const names[] = {"rebound_unsettled_deliveries",
                                       "rebound_unsettled_oldest_seconds",

@@ -182,7 +182,7 @@ static void own_closed(px_session *s, const amqp_method *close) {
     px_own_open(s);
     return;
   }
-  s->hooks->reopen_at(s, uv_now(s->srv->loop) + delay);
+  s->hooks->reopen_at(s, px_clock_ms(&s->srv->clock) + delay);
   release_own_waiters(s); /* their requeues wait for it, up to a delay */
   s->idle_due = true;     /* px_frames_retry_idle() once nothing is pending */
 }
@@ -308,7 +308,7 @@ static void pub_lost(void *ctx, const char *why, uint16_t code,
     if (s->pub_failed)
       px_own_open(s);
     else
-      s->hooks->reopen_at(s, uv_now(s->srv->loop) + delay);
+      s->hooks->reopen_at(s, px_clock_ms(&s->srv->clock) + delay);
   }
   release_own_waiters(s);
   s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */

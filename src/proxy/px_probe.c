@@ -122,8 +122,9 @@ static void dial_released(void *ctx) {
 static const px_dial_events dial_events = {dial_opened, dial_connected,
                                            dial_failed, NULL, dial_released};
 
-void px_probe_run(px_probe *p, uv_loop_t *loop, const px_config *cfg,
-                  px_dial_memory *memory, struct px_tls_ctx *tls,
+void px_probe_run(px_probe *p, uv_loop_t *loop, px_clock *clock,
+                  const px_config *cfg, px_dial_memory *memory,
+                  struct px_tls_ctx *tls,
                   void (*result)(void *ctx, bool ok, const char *why),
                   void *ctx) {
   if (p->busy)
@@ -134,7 +135,7 @@ void px_probe_run(px_probe *p, uv_loop_t *loop, const px_config *cfg,
   p->ctx = ctx;
   p->handles = 1; /* the dialer */
   px_conn_init(&p->conn, "probe", &conn_events, p);
-  px_dial_start(&p->dial, loop, cfg, memory, tls, &p->conn,
+  px_dial_start(&p->dial, loop, clock, cfg, memory, tls, &p->conn,
                 cfg->connect_timeout_ms, &dial_events, p, 0);
 }
 

@@ -29,8 +29,9 @@ typedef struct px_probe {
 } px_probe;
 
 /* Start a round unless one is under way: `result` follows, once. */
-void px_probe_run(px_probe *p, uv_loop_t *loop, const px_config *cfg,
-                  px_dial_memory *memory, struct px_tls_ctx *tls,
+void px_probe_run(px_probe *p, uv_loop_t *loop, px_clock *clock,
+                  const px_config *cfg, px_dial_memory *memory,
+                  struct px_tls_ctx *tls,
                   void (*result)(void *ctx, bool ok, const char *why),
                   void *ctx);
 /* End a round under way (no result); its handles close as the loop runs. */

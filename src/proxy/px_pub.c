@@ -526,7 +526,7 @@ static void dial_released(void *ctx) {
 static const px_dial_events dial_events = {dial_opened, dial_connected,
                                            dial_failed, NULL, dial_released};
 
-px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
+px_pub *px_pub_dial(uv_loop_t *loop, px_clock *clock, const px_config *cfg,
                     px_dial_memory *memory, struct px_tls_ctx *tls,
                     const px_pub_login *login, const px_pub_events *ev,
                     void *ctx) {
@@ -538,7 +538,7 @@ px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
   timer_start(p, loop, login->timeout_ms);
   p->handles = 2; /* the timer, the dialer */
   p->dialing = p->starting = true;
-  px_dial_start(&p->dial, loop, cfg, memory, tls, &p->conn,
+  px_dial_start(&p->dial, loop, clock, cfg, memory, tls, &p->conn,
                 cfg->connect_timeout_ms, &dial_events, p, 0);
   p->starting = false;
   return p;

@@ -80,7 +80,7 @@ px_pub *px_pub_open(uv_loop_t *loop, const struct sockaddr *addr,
  * attempt gets cfg->connect_timeout_ms, the login login->timeout_ms from
  * the start. When every upstream fails, `lost` says so with the dialer's
  * errors. */
-px_pub *px_pub_dial(uv_loop_t *loop, const px_config *cfg,
+px_pub *px_pub_dial(uv_loop_t *loop, px_clock *clock, const px_config *cfg,
                     px_dial_memory *memory, struct px_tls_ctx *tls,
                     const px_pub_login *login, const px_pub_events *ev,
                     void *ctx);

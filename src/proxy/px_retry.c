@@ -98,8 +98,12 @@ static bool retry_later(const char *why) {
 /* px_defer.due_ms of a retry waiting for the broker to unblock. */
 #define PX_DUE_UNBLOCKED UINT64_MAX
 
-static uint64_t now_us(void) {
-  return uv_hrtime() / 1000;
+static uint64_t now_us(px_session *s) {
+  return px_clock_us(&s->srv->clock);
+}
+
+static uint64_t now_ms(px_session *s) {
+  return px_clock_ms(&s->srv->clock);
 }
 
 static bool in_list(char **list, uint32_t n, const char *name) {
@@ -311,7 +315,7 @@ static int copy_headers(px_session *s, const px_delivery *d,
   uint8_t *half[2] = {out, out + cap / 2};
   amqp_bytes cur = src;
   amqp_field existing;
-  uint64_t now = (uint64_t)time(NULL);
+  uint64_t now = (uint64_t)px_clock_wall_s(&s->srv->clock);
   struct {
     amqp_field value;
     bool keep; /* set only when absent: the first failure's values */
@@ -466,13 +470,13 @@ static void arm_deadline(px_session *s) {
   uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
   if (s->ops.n == 0 || s->own_blocked) { /* blocked: px_retry_blocked
                                             re-arms it when that ends */
-    uv_timer_stop(&s->retry_timer);
+    px_timer_stop(&s->srv->clock, &s->retry_timer);
     return;
   }
   uint64_t due_us = op_at(s, 0)->started_us + timeout_ms * 1000;
-  uint64_t now = now_us();
-  uv_timer_start(&s->retry_timer, px_retry_deadline,
-                 due_us > now ? (due_us - now + 999) / 1000 : 0, 0);
+  uint64_t now = now_us(s);
+  px_timer_start(&s->srv->clock, &s->retry_timer,
+                 due_us > now ? (due_us - now + 999) / 1000 : 0);
 }
 
 static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
@@ -482,7 +486,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   px_retry_op *op = px_ring_push(&s->ops, sizeof(px_retry_op));
   op->seq = ++s->own_seq;
   op->tag = d->tag;
-  op->started_us = now_us();
+  op->started_us = now_us(s);
   op->client_ch = c->client_ch;
   op->gen = c->gen;
   op->is_reject = is_reject;
@@ -507,7 +511,7 @@ static void pop_newest_op(px_session *s) {
   s->ops.n--;
   s->own_seq--;
   if (s->ops.n == 0)
-    uv_timer_stop(&s->retry_timer);
+    px_timer_stop(&s->srv->clock, &s->retry_timer);
 }
 
 /* The retry count header: -1 when absent, -2 when not a non-negative
@@ -734,7 +738,7 @@ static void channel_timeouts(px_session *s, px_chan *c, uint64_t now_us,
 }
 
 void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
-  uint64_t now = now_us();
+  uint64_t now = now_us(s);
   uint32_t at = 0;
   if (!shortest_ms || !px_life_is_open(s) || px_life_conn_held(s) ||
       s->own_state != PX_OWN_READY || s->own_blocked)
@@ -936,7 +940,7 @@ static void count_untrusted(px_session *s, px_delivery *d, const char *q) {
     return;
   d->flags |= PX_DLF_BAD_COUNT;
   s->srv->stats.counts_unreadable++;
-  if (!px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
+  if (!px_log_limit_pass(&limit, now_ms(s), &unlogged))
     return;
   px_warn("retry_count_unreadable", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", q), PX_S("header", header_name(s->srv, 0)),
@@ -958,7 +962,7 @@ static bool tier_refused(px_session *s, const retry_rule *rule, const char *q,
   int n = retry_dlq_name(rule, q, strlen(q), dlq, sizeof dlq);
   if (n < 0 || in_list(s->broken, s->nbroken, dlq)) /* no end there either */
     return false;
-  if (px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
+  if (px_log_limit_pass(&limit, now_ms(s), &unlogged))
     px_warn("retry_tier_refused", PX_U("id", s->id), PX_S("peer", s->peer),
             PX_S("queue", q), PX_S("tier", plan->target),
             PX_S("action", "dead-lettered now"), PX_S("target", dlq),
@@ -1057,22 +1061,21 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
 
 static void arm_defer_timer(px_session *s) {
   uint64_t next = s->own_reopen_ms ? s->own_reopen_ms : UINT64_MAX;
-  uint64_t now = uv_now(s->srv->loop);
+  uint64_t now = now_ms(s);
   for (uint32_t i = 0; i < s->defers.n; i++)
     if (defer_at(s, i)->due_ms < next)
       next = defer_at(s, i)->due_ms;
   if (next == UINT64_MAX)
-    uv_timer_stop(&s->defer_timer);
+    px_timer_stop(&s->srv->clock, &s->defer_timer);
   else
-    uv_timer_start(&s->defer_timer, px_retry_defer_due,
-                   next > now ? next - now : 0, 0);
+    px_timer_start_at(&s->srv->clock, &s->defer_timer, next > now ? next : now);
 }
 
 static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
                          const char *why) {
   static px_log_limit limit;
   uint64_t unlogged;
-  if (!px_log_limit_pass(&limit, uv_now(s->srv->loop), &unlogged))
+  if (!px_log_limit_pass(&limit, now_ms(s), &unlogged))
     return;
   px_warn("retry_requeue_delayed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("queue", px_dl_queue(d)), PX_S("reason", why),
@@ -1092,8 +1095,7 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
   px_defer *f = px_ring_push(&s->defers, sizeof(px_defer));
   /* while the broker blocks publishing, a retry waits for it to unblock
    * (then it is counted), however long that takes */
-  uint64_t due =
-      retry && s->own_blocked ? PX_DUE_UNBLOCKED : uv_now(s->srv->loop) + ms;
+  uint64_t due = retry && s->own_blocked ? PX_DUE_UNBLOCKED : now_ms(s) + ms;
   *f = (px_defer){due,   d->tag, c->client_ch, c->gen, is_reject,
                   retry, !retry, false,        why,    refused_ms};
   d->state = PX_DL_DEFERRED;
@@ -1112,7 +1114,7 @@ static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
  * requeue. true when the copy waits for its next try. */
 static bool refused(px_session *s, px_chan *c, px_delivery *d,
                     const px_retry_op *op, const char *why) {
-  uint64_t now = uv_now(s->srv->loop);
+  uint64_t now = now_ms(s);
   uint64_t first = op->refused_ms ? op->refused_ms : now;
   if (why != WHY(NACKED) || op->returned || px_life_conn_held(s) ||
       now - first >= s->srv->cfg->retry_confirm_timeout_ms)
@@ -1131,7 +1133,7 @@ static bool refused(px_session *s, px_chan *c, px_delivery *d,
  * on its way. */
 static bool refused_again(px_session *s, px_chan *c, px_delivery *d,
                           const px_defer *f) {
-  uint64_t now = uv_now(s->srv->loop);
+  uint64_t now = now_ms(s);
   if (!f->retry || !f->refused_ms || !d || d->state != PX_DL_DEFERRED ||
       s->own_state != PX_OWN_READY || s->own_blocked || c->state != PX_CH_OPEN)
     return false;
@@ -1172,9 +1174,9 @@ static void defer_fire(px_session *s, const px_defer *f) {
     px_life_release_held(s, c);
 }
 
-void px_retry_defer_due(uv_timer_t *timer) {
+void px_retry_defer_due(px_timer *timer) {
   px_session *s = timer->data;
-  uint64_t now = uv_now(s->srv->loop);
+  uint64_t now = now_ms(s);
   px_ring due = {0};
   /* take the due ones out first: releasing held frames may defer more */
   for (uint32_t i = 0; i < s->defers.n;) {
@@ -1434,7 +1436,7 @@ static void count_copy(px_session *s, const px_retry_op *op,
 
 static void finish(px_session *s, px_retry_op *op, bool ok, const char *why) {
   px_chan *c = px_tab_get(&s->by_client, op->client_ch);
-  uint64_t us = now_us() - op->started_us;
+  uint64_t us = now_us(s) - op->started_us;
 
   if (!c || c->gen != op->gen || c->state == PX_CH_SERVER_CLOSED) {
     px_info("retry_abandoned", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -1525,12 +1527,12 @@ void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   finish_prefix(s, 1, ok, WHY(NACKED));
 }
 
-void px_retry_deadline(uv_timer_t *timer) {
+void px_retry_deadline(px_timer *timer) {
   px_session *s = timer->data;
   if (s->own_blocked) /* the broker reads nothing: no copy is late */
     return;
   uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
-  uint64_t now = now_us();
+  uint64_t now = now_us(s);
   uint32_t n = 0;
   while (n < s->ops.n && now - op_at(s, n)->started_us >= limit)
     n++;
@@ -1547,7 +1549,7 @@ void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
                       const char *which) {
   if (blocked == s->own_blocked)
     return;
-  uint64_t now = uv_now(s->srv->loop);
+  uint64_t now = now_ms(s);
   s->own_blocked = blocked;
   if (blocked) {
     s->blocked_since_ms = now;
@@ -1562,7 +1564,7 @@ void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
           PX_S("connection", which),
           PX_U("blocked_ms", now - s->blocked_since_ms));
   /* copies in flight get a whole confirm timeout from now */
-  uint64_t us = now_us();
+  uint64_t us = now_us(s);
   for (uint32_t i = 0; i < s->ops.n; i++)
     op_at(s, i)->started_us = us;
   arm_deadline(s);

@@ -80,8 +80,8 @@ bool px_retry_unpark(px_session *s);
 void px_retry_free(px_session *s);
 
 /* The retry timer: copies not confirmed in time fall back. */
-void px_retry_deadline(uv_timer_t *timer);
+void px_retry_deadline(px_timer *timer);
 /* The defer timer: requeues whose delay has passed go to the broker. */
-void px_retry_defer_due(uv_timer_t *timer);
+void px_retry_defer_due(px_timer *timer);
 
 #endif

@@ -263,7 +263,7 @@ static void on_probe_timer(uv_timer_t *t) {
   px_server *srv = t->data;
   if (srv->draining || srv->stopped)
     return;
-  px_probe_run(&srv->probe, srv->loop, srv->cfg, &srv->dial_memory,
+  px_probe_run(&srv->probe, srv->loop, &srv->clock, srv->cfg, &srv->dial_memory,
                srv->tls_upstream, probe_result, srv);
 }
 
@@ -814,6 +814,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   }
   srv->admin_on = cfg->admin_on && cfg->worker == 0;
   srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  px_clock_init(&srv->clock, loop);
   uv_timer_init(loop, &srv->drain_timer);
   srv->drain_timer.data = srv;
   start_signal(srv, &srv->sigterm, on_signal, SIGTERM);

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "px_admin.h"
+#include "px_clock.h"
 #include "px_config.h"
 #include "px_dial.h"
 #include "px_log.h"
@@ -88,9 +89,7 @@ typedef struct px_metrics_store {
 
 typedef struct px_server {
   uv_loop_t *loop;
-  /* The clock in microseconds, read once per loop iteration
-   * (px_server_now_us()) */
-  uint64_t now_us, now_at_ms;
+  px_clock clock; /* the time and the deadlines of the core (sessions) */
   /* the last retry_summary line: when, and the totals it gave */
   struct {
     uint64_t at_ms, retried, dead_lettered;
@@ -224,17 +223,5 @@ void px_server_close(px_server *srv);
 
 /* Free the config. After the loop has ended. */
 void px_server_free(px_server *srv);
-
-/* Microseconds of uv_hrtime(), read at most once per loop iteration (the
- * loop's cached time tells one iteration from the next): what happened in
- * one event shares one clock read. */
-static inline uint64_t px_server_now_us(px_server *srv) {
-  uint64_t ms = uv_now(srv->loop);
-  if (ms != srv->now_at_ms || !srv->now_us) {
-    srv->now_at_ms = ms;
-    srv->now_us = uv_hrtime() / 1000;
-  }
-  return srv->now_us;
-}
 
 #endif

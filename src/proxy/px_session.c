@@ -58,6 +58,12 @@ static void free_secret(uint8_t *p, size_t len) {
   free(p);
 }
 
+/* A session whose client connection never opened. */
+static void session_discard(px_session *s) {
+  free(s->dial);
+  free(s);
+}
+
 static void session_free(px_session *s) {
   free_secret(s->login_auth, s->login.mechanism.len + s->login.response.len +
                                  s->login.locale.len);
@@ -77,8 +83,12 @@ static void session_free(px_session *s) {
   free(s);
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-  px_session *s = h->data;
+/* The session's timers are closed a step after the session, as its
+ * connections are, so that it is never freed inside px_session_close()
+ * (its callers go on using it). */
+static void on_timers_closed(px_timer *t) {
+  px_session *s = t->data;
+  px_timer_close(&s->srv->clock, &s->timer);
   if (--s->open_handles == 0)
     session_free(s);
 }
@@ -100,7 +110,8 @@ void px_session_close(px_session *s, px_close_reason reason) {
   if (px_life_closed(s))
     return;
   px_life_note(s, reason ? reason : PX_CR_CLOSE_TIMEOUT);
-  uint64_t ms = uv_now(s->srv->loop) - s->started_ms;
+  px_clock *clock = &s->srv->clock;
+  uint64_t ms = px_clock_ms(clock) - s->started_ms;
   px_info("session_close", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
           PX_S("state", px_close_phase_name(s->phase)), PX_U("duration_ms", ms),
@@ -109,11 +120,10 @@ void px_session_close(px_session *s, px_close_reason reason) {
           PX_S("reason", px_close_text(s->close_reason)));
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
   px_life_phase(s, PX_PHASE_CLOSED);
-  uv_close((uv_handle_t *)&s->timer, on_handle_closed);
-  uv_timer_stop(&s->retry_timer);
-  uv_close((uv_handle_t *)&s->retry_timer, on_handle_closed);
-  uv_timer_stop(&s->defer_timer);
-  uv_close((uv_handle_t *)&s->defer_timer, on_handle_closed);
+  px_timer_close(clock, &s->retry_timer);
+  px_timer_close(clock, &s->defer_timer);
+  s->timer.fn = on_timers_closed; /* the phase timer's last use */
+  px_timer_start(clock, &s->timer, 0);
   px_conn_close(&s->client);
   px_conn_close(&s->upstream);
   px_pub_close(s->out.pub);
@@ -1091,6 +1101,9 @@ static px_session *session_alloc(px_server *srv) {
   }
   s->srv = srv;
   s->hooks = &hooks;
+  px_timer_init(&s->timer, px_life_timer_due, s);
+  px_timer_init(&s->retry_timer, px_retry_deadline, s);
+  px_timer_init(&s->defer_timer, px_retry_defer_due, s);
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
   return s;
@@ -1100,16 +1113,11 @@ static px_session *session_alloc(px_server *srv) {
  * first upstream attempt. */
 static void session_start(px_session *s) {
   px_server *srv = s->srv;
-  s->open_handles = 1; /* the client's connection */
-  uv_timer_init(srv->loop, &s->timer);
-  s->timer.data = s;
-  uv_timer_init(srv->loop, &s->retry_timer);
-  s->retry_timer.data = s;
-  uv_timer_init(srv->loop, &s->defer_timer);
-  s->defer_timer.data = s;
-  s->open_handles += 4; /* and the dialer's (released by dial_released) */
+  s->open_handles = 1;  /* the client's connection */
+  s->open_handles += 2; /* the timers' (on_timers_closed) and the dialer's
+                           (released by dial_released) */
   s->id = ++srv->next_id;
-  s->started_ms = uv_now(srv->loop);
+  s->started_ms = px_clock_ms(&srv->clock);
   px_conn_peer(&s->client, s->peer, sizeof s->peer);
 
   s->next = srv->sessions;
@@ -1122,7 +1130,7 @@ static void session_start(px_session *s) {
 
   px_life_phase(s, PX_PHASE_CONNECTING); /* its timer starts */
   px_conn_read(&s->client);
-  px_dial_start(s->dial, srv->loop, srv->cfg, &srv->dial_memory,
+  px_dial_start(s->dial, srv->loop, &srv->clock, srv->cfg, &srv->dial_memory,
                 srv->tls_upstream, &s->upstream, srv->cfg->connect_timeout_ms,
                 &dial_events, s, s->id);
 }
@@ -1137,7 +1145,7 @@ int px_session_accept(px_server *srv, uv_stream_t *listener, px_tls_ctx *tls) {
   if (rc < 0) {
     s->phase = PX_PHASE_CLOSED;
     if (!s->client.open) {
-      free(s);
+      session_discard(s);
       return rc;
     }
     s->open_handles = 1;

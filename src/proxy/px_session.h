@@ -20,6 +20,7 @@
 #include "amqp.h"
 #include "px_buf.h"
 #include "px_chan.h"
+#include "px_clock.h"
 #include "px_close.h"
 #include "px_conn.h"
 #include "px_dial.h"
@@ -182,8 +183,8 @@ typedef struct px_session {
     } sa;
     bool tls;
   } up;
-  uv_timer_t timer;       /* handshake, then close-ok wait */
-  uv_timer_t retry_timer; /* the oldest copy's confirm deadline */
+  px_timer timer;       /* handshake, then close-ok wait */
+  px_timer retry_timer; /* the oldest copy's confirm deadline */
   unsigned open_handles;
   uint64_t started_ms;
   char peer[64];
@@ -231,7 +232,7 @@ typedef struct px_session {
   px_ring defers; /* px_defer: requeues held back for the tier delay */
   px_ring parked; /* px_defer: copies whose queue must be declared first,
                      waiting for no copy to be in flight (px_retry.c) */
-  uv_timer_t defer_timer;
+  px_timer defer_timer;
   uint64_t own_seq; /* publish sequence on rebound's channel */
   char **declared;  /* tier/DLQ queues declared on this connection */
   uint32_t ndeclared;

@@ -68,7 +68,8 @@ static void uncache(px_session *s, px_delivery *d, const char *why,
   amqp_bytes id = {NULL, 0};
   s->srv->stats.uncached_deliveries++;
   px_metrics_inc(s->srv, PX_M_NOT_KEPT, d->names, why);
-  if (px_log_limit_pass(&limit, px_server_now_us(s->srv) / 1000, &unlogged)) {
+  if (px_log_limit_pass(&limit, px_clock_us(&s->srv->clock) / 1000,
+                        &unlogged)) {
     if (amqp_content_header_decode(header, &h) == AMQP_OK &&
         (h.props.flags & AMQP_P_MESSAGE_ID))
       id = h.props.message_id;
@@ -167,7 +168,7 @@ void px_track_observe(px_session *s, const px_delivery *d) {
   if (d->state != PX_DL_RETRYING && d->state != PX_DL_DEFERRED)
     /* else observed when it was nacked */
     px_metrics_observe(s->srv, PX_H_PROCESSING, d->qid,
-                       px_server_now_us(s->srv) - d->delivered_us);
+                       px_clock_us(&s->srv->clock) - d->delivered_us);
 }
 
 void px_track_settle(px_session *s, px_chan *c, uint64_t tag, bool multiple) {
@@ -250,7 +251,7 @@ static px_delivery *new_delivery(px_session *s, px_chan *c, uint64_t tag,
   d->state = PX_DL_UNCACHED;
   d->gen = gen;
   d->qid = qid;
-  d->delivered_us = px_server_now_us(s->srv);
+  d->delivered_us = px_clock_us(&s->srv->clock);
   if (!rule || !(d->names = dl_names(t, d, queue, exchange, routing_key)))
     return d;
   d->rule = rule;
@@ -352,7 +353,7 @@ static void unknown_queue(px_session *s, px_chan *c, const char *tag,
   uint64_t unlogged;
   if (decl_wait || no_ack || !unknown_rule(s) || /* named later, nothing to
                                                     retry, or logged lately */
-      !px_log_limit_pass(&limit, px_server_now_us(s->srv) / 1000, &unlogged))
+      !px_log_limit_pass(&limit, px_clock_us(&s->srv->clock) / 1000, &unlogged))
     return;
   px_warn("queue_identity_unknown", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("channel", c->client_ch), PX_S("consumer_tag", tag),
@@ -801,7 +802,8 @@ void px_track_publish(px_session *s, px_chan *c) {
     t->pub_cap = cap;
     t->pub_head = 0;
   }
-  t->pub_us[(t->pub_head + t->pub_n++) % t->pub_cap] = px_server_now_us(s->srv);
+  t->pub_us[(t->pub_head + t->pub_n++) % t->pub_cap] =
+      px_clock_us(&s->srv->clock);
 }
 
 /* The broker's basic.ack/nack on a client channel in confirm mode: every
@@ -811,7 +813,7 @@ void px_track_confirmed(px_session *s, px_chan *c, amqp_bytes payload) {
   px_track *t = &c->track;
   amqp_reader r = amqp_reader_make(payload.ptr + 4, payload.len - 4);
   uint64_t tag = amqp_get_u64(&r);
-  uint64_t now = px_server_now_us(s->srv);
+  uint64_t now = px_clock_us(&s->srv->clock);
   if (!t->confirm || r.failed)
     return;
   while (t->pub_n && t->pub_seq <= tag) {

@@ -200,7 +200,7 @@ static void json_queue(px_server *srv, px_admin_response *r, px_queue_stat *q,
   px_admin_printf(r, ",\"seen_since_reload\":%s",
                   q->seen_gen == srv->cfg_gen + 1 ? "true" : "false");
   if (u)
-    json_unsettled(r, u, uv_hrtime() / 1000);
+    json_unsettled(r, u, px_clock_us(&srv->clock));
   json_tiers(srv, r, q->name);
   json_flags(r, flags_of(srv, q));
   px_admin_printf(r, "}");
@@ -283,7 +283,7 @@ static void scan_one(void *arg, const px_unsettled *u) {
 
 unsigned px_view_scan(px_server *srv, px_view_unsettled *per, uint32_t nper,
                       px_view_stuck *top, unsigned ntop) {
-  uint64_t now_us = uv_hrtime() / 1000;
+  uint64_t now_us = px_clock_us(&srv->clock);
   uint64_t after_us = (uint64_t)srv->cfg->stuck_after_ms * 1000;
   scan sc = {per, nper,           top,
              0,   top ? ntop : 0, now_us > after_us ? now_us - after_us : 0};
@@ -366,7 +366,7 @@ void px_view_queues_render(px_server *srv, px_admin_response *r) {
 static void json_oldest(px_server *srv, px_admin_response *r) {
   px_view_stuck top[PX_VIEW_OLDEST];
   unsigned n = px_view_scan(srv, NULL, 0, top, PX_VIEW_OLDEST);
-  uint64_t now_us = uv_hrtime() / 1000;
+  uint64_t now_us = px_clock_us(&srv->clock);
   px_admin_printf(r, "\"stuck_after_seconds\":%.3f,\"oldest_unsettled\":[",
                   srv->cfg->stuck_after_ms / 1000.0);
   for (unsigned i = 0; i < n; i++) {

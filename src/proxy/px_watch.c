@@ -451,7 +451,7 @@ static px_dlq_request *request(watch_vhost *v, px_dlq_kind kind) {
 static px_dlq *start(watch_vhost *v, px_dlq_request *req,
                      const px_dlq_events *ev) {
   px_server *srv = v->w->srv;
-  px_dlq *op = px_dlq_start(srv->loop, srv->cfg, &srv->dial_memory,
+  px_dlq *op = px_dlq_start(srv->loop, &srv->clock, srv->cfg, &srv->dial_memory,
                             srv->tls_upstream, req, ev, v);
   explicit_bzero(req->password, sizeof req->password);
   return op;

@@ -85,7 +85,8 @@ harness *h_new(const char *const *args) {
   h->srv.stopped = true; /* nothing of the server's own runs here */
   h->srv.max_connections = 1;
   h->srv.cache_total = h->cfg.cache_total; /* one worker */
-  h->srv.started_ms = uv_now(&h->loop);
+  px_clock_init(&h->srv.clock, NULL);      /* set by the tests (h_wait_ms) */
+  h->srv.started_ms = px_clock_ms(&h->srv.clock);
   fake_init(&h->peer[H_CLIENT], "client");
   fake_init(&h->peer[H_BROKER], "broker");
   fake_init(&h->peer[H_PUB], "retry");
@@ -100,6 +101,7 @@ harness *h_new(const char *const *args) {
 
 bool h_step(harness *h) {
   uv_run(&h->loop, UV_RUN_NOWAIT);
+  px_clock_run(&h->srv.clock); /* what a callback started to run at once */
   bool did = fake_step(&h->peer[H_CLIENT]);
   did |= fake_step(&h->peer[H_BROKER]);
   did |= fake_step(&h->peer[H_PUB]);
@@ -117,20 +119,26 @@ void h_settle(harness *h) {
   FAIL("the session never settles");
 }
 
-static void nap(void) {
-  struct timespec ts = {0, 500 * 1000};
-  nanosleep(&ts, NULL);
-}
-
-static uint64_t now_ms(void) {
-  return uv_hrtime() / 1000000;
+/* The session's clock moves only here: to each deadline before `end` in
+ * turn, the peers settling at each, then to `end`. stop(h) ends the wait
+ * early. Returns whether it did. */
+static bool pass_time(harness *h, uint64_t ms,
+                      bool (*stop)(harness *h, h_side side), h_side side) {
+  px_clock *c = &h->srv.clock;
+  uint64_t end = px_clock_ms(c) + ms;
+  for (;;) {
+    h_settle(h);
+    if (stop && stop(h, side))
+      return true;
+    uint64_t next = px_clock_next(c), now = px_clock_ms(c);
+    if (now >= end)
+      return false;
+    px_clock_advance(c, (next < end ? next : end) - now);
+  }
 }
 
 void h_wait_ms(harness *h, unsigned ms) {
-  uint64_t end = now_ms() + ms;
-  while (now_ms() < end)
-    if (!h_step(h))
-      nap();
+  pass_time(h, ms, NULL, H_CLIENT);
 }
 
 static bool unread_frame(harness *h, h_side side) {
@@ -142,27 +150,16 @@ static bool unread_frame(harness *h, h_side side) {
 }
 
 bool h_wait_frame(harness *h, h_side side, unsigned ms) {
-  uint64_t end = now_ms() + ms;
-  for (;;) {
-    h_settle(h);
-    if (unread_frame(h, side))
-      return true;
-    if (now_ms() >= end)
-      return false;
-    nap();
-  }
+  return pass_time(h, ms, unread_frame, side);
+}
+
+static bool gone(harness *h, h_side side) {
+  (void)side;
+  return !h->s;
 }
 
 bool h_wait_gone(harness *h, unsigned ms) {
-  uint64_t end = now_ms() + ms;
-  for (;;) {
-    h_settle(h);
-    if (!h->s)
-      return true;
-    if (now_ms() >= end)
-      return false;
-    nap();
-  }
+  return pass_time(h, ms, gone, H_CLIENT);
 }
 
 void h_free(harness *h) {
@@ -176,6 +173,7 @@ void h_free(harness *h) {
   px_pub_close_all(); /* a retry connection still saying goodbye */
   for (int i = 0; i < 4; i++) {
     uv_run(&h->loop, UV_RUN_NOWAIT);
+    px_clock_run(&h->srv.clock);
     fake_step(&h->peer[H_PUB]);
   }
   if (uv_loop_close(&h->loop) != 0)

@@ -91,11 +91,16 @@ void h_free(harness *h);
 bool h_step(harness *h);
 /* Step until nothing is due (bounded). */
 void h_settle(harness *h);
-/* Run the loop for `ms` of real time. */
+/* The session's clock is set by hand (px_clock.h): time passes
+ * only in these three, which move it from deadline to deadline (each
+ * timer fires at its own time, the peers settling after each), so no
+ * test waits on the wall clock or depends on the machine's speed. */
+/* Let `ms` pass. */
 void h_wait_ms(harness *h, unsigned ms);
-/* Run until `side` has an unread frame (true) or `ms` pass (false). */
+/* Let time pass until `side` has an unread frame (true) or `ms` have
+ * passed (false). */
 bool h_wait_frame(harness *h, h_side side, unsigned ms);
-/* Run until the session is freed (true) or `ms` pass. */
+/* Let time pass until the session is freed (true) or `ms` have passed. */
 bool h_wait_gone(harness *h, unsigned ms);
 
 /* ---- what the peers send ------------------------------------------------ */
