@@ -1,0 +1,168 @@
+/* Features of the proxy core that only the real-broker suite used to
+ * guard, each checked here frame by frame over fake transports on the
+ * session's hand-set clock (session_harness.h): backpressure between the
+ * two sides, the frame-max each side is held to, and a copy the broker
+ * returns unroutable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "session_test.h"
+
+/* ---- backpressure ------------------------------------------------------ */
+
+/* A client that reads nothing: once more than the high-water mark waits
+ * for it, rebound stops reading the broker (the broker's frames stay in
+ * its socket, not in rebound's memory); once the client reads again,
+ * everything arrives, in order. */
+static void test_slow_client_pauses_the_broker(void **state) {
+  static const char *const args[] = {NULL};
+  harness *h = start(state, args);
+  enum { BODY = 64 * 1024, N = 64 }; /* 4 MiB, far past the mark */
+  static uint8_t body[BODY];
+  h_open(h, 10, 131072);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_peer(h, H_CLIENT)->stall = true;
+  for (unsigned t = 1; t <= N; t++)
+    h_deliver(h, 1, "c1", t, NULL, body, BODY);
+  h_settle(h);
+  fake_conn *broker = h_peer(h, H_BROKER);
+  assert_false(h->s->upstream.reading);
+  assert_true(broker->in_bytes > (N / 2) * (size_t)BODY); /* not read */
+  assert_true(px_conn_pending(&h->s->client) < 2 * 1024 * 1024);
+
+  h_peer(h, H_CLIENT)->stall = false;
+  h_settle(h);
+  assert_int_equal(broker->in_bytes, 0);
+  for (unsigned t = 1; t <= N; t++) {
+    expect_line(h, H_CLIENT, "ch1 basic.deliver tag=%u", t);
+    expect_line(h, H_CLIENT, "ch1 header size=%d", BODY);
+    expect_line(h, H_CLIENT, "ch1 body len=%d", BODY);
+  }
+}
+
+/* ---- frame-max ---------------------------------------------------------- */
+
+/* A client is held to the frame-max it negotiated: a larger frame is a
+ * frame error (501) and does not reach the broker. */
+static void test_client_held_to_its_frame_max(void **state) {
+  static const char *const args[] = {NULL};
+  harness *h = start(state, args);
+  enum { FRAME_MAX = 4096 };
+  uint8_t body[FRAME_MAX];
+  memset(body, 'x', sizeof body);
+  h_open(h, 10, FRAME_MAX);
+  h_channel(h, 1, 1);
+  hbuf *b = h_buf(h);
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_PUBLISH);
+  m.args[AMQP_F_BASIC_PUBLISH_ROUTING_KEY].b = amqp_cstr("q");
+  hb_method(b, 1, &m);
+  hb_header(b, 1, sizeof body, NULL);
+  hb_body(b, 1, body, sizeof body); /* 4,104 bytes on the wire */
+  h_sendb(h, H_CLIENT, b);
+  h_expect(h, H_CLIENT, "ch0 connection.close code=501*");
+  h_expect(h, H_BROKER, "ch1 basic.publish*");
+  h_expect(h, H_BROKER, "ch1 header size=4096");
+  h_expect_none(h, H_BROKER); /* not the body */
+}
+
+/* The broker is not held to it: RabbitMQ sends content headers larger
+ * than frame-max once dead-lettering has added x-death, and clients take
+ * them, so rebound passes them on as they are. */
+static void test_broker_header_over_frame_max_passes(void **state) {
+  static const char *const args[] = {NULL};
+  harness *h = start(state, args);
+  enum { FRAME_MAX = 4096 };
+  uint8_t table[8192], filler[6000];
+  memset(filler, 'd', sizeof filler);
+  amqp_writer w = amqp_writer_make(table, sizeof table);
+  amqp_field f = amqp_field_string((amqp_bytes){filler, sizeof filler});
+  amqp_table_write_entry(&w, amqp_cstr("x-death"), &f);
+  assert_false(w.failed);
+  amqp_props props = {0};
+  props.flags = AMQP_P_HEADERS;
+  props.headers = (amqp_bytes){table, w.len};
+
+  h_open(h, 10, FRAME_MAX);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, &props, "hello", 5);
+  h_expect(h, H_CLIENT, "ch1 basic.deliver tag=1");
+  const uint8_t *raw;
+  size_t len;
+  char line[512];
+  assert_true(h_next(h, H_CLIENT, line, sizeof line, &raw, &len));
+  assert_string_equal(line, "ch1 header size=5");
+  assert_true(len > FRAME_MAX);
+  h_expect(h, H_CLIENT, "ch1 body len=5");
+  h_expect_none(h, H_CLIENT);
+  assert_non_null(h->s);
+}
+
+/* ---- a copy returned unroutable ------------------------------------------ */
+
+/* The broker returns the copy (its tier was deleted) and then confirms
+ * it: a confirm of a returned copy is no retry. rebound declares the tier
+ * again and publishes the copy once more; only that copy's confirm acks
+ * the original. */
+static void test_returned_copy_declared_again(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  assert_int_equal(h_open(h, 10, 131072), 10);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, NULL, "hello", 5);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
+  h_expect(h, H_BROKER,
+           "ch10 basic.publish exchange= rk=q.retry.1s "
+           "mandatory=1");
+  h_skip(h, H_BROKER);
+
+  hbuf *b = h_buf(h);
+  amqp_method m;
+  amqp_method_init(&m, AMQP_BASIC_RETURN);
+  m.args[AMQP_F_BASIC_RETURN_REPLY_CODE].u = 312;
+  m.args[AMQP_F_BASIC_RETURN_REPLY_TEXT].b = amqp_cstr("NO_ROUTE");
+  m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b = amqp_cstr("q.retry.1s");
+  hb_method(b, 10, &m);
+  hb_header(b, 10, 5, NULL);
+  hb_body(b, 10, "hello", 5);
+  h_sendb(h, H_BROKER, b);
+  h_ack(h, H_BROKER, 10, 1, false);
+
+  h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
+  h_expect(h, H_BROKER,
+           "ch10 basic.publish exchange= rk=q.retry.1s "
+           "mandatory=1");
+  h_expect(h, H_BROKER, "ch10 header size=5");
+  h_expect(h, H_BROKER, "ch10 body len=5");
+  h_expect_none(h, H_BROKER); /* the original is not acked yet */
+  h_ack(h, H_BROKER, 10, 2, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
+int main(void) {
+  h_on_fail(cmocka_fail);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_slow_client_pauses_the_broker, teardown),
+      cmocka_unit_test_teardown(test_client_held_to_its_frame_max, teardown),
+      cmocka_unit_test_teardown(test_broker_header_over_frame_max_passes,
+                                teardown),
+      cmocka_unit_test_teardown(test_returned_copy_declared_again, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
