@@ -1,8 +1,9 @@
 /* Features of the proxy core that only the real-broker suite used to
  * guard, each checked here frame by frame over fake transports on the
  * session's hand-set clock (session_harness.h): backpressure between the
- * two sides, the frame-max each side is held to, and a copy the broker
- * returns unroutable. */
+ * two sides, the frame-max each side is held to, a copy the broker
+ * returns unroutable, and the broker's x-death history left out of a copy
+ * it would push past frame-max. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -155,6 +156,63 @@ static void test_returned_copy_declared_again(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
 }
 
+/* ---- the broker's x-death history -----------------------------------------
+ */
+
+/* A copy cannot carry a delivery's x-death history into a frame the
+ * client could not take: a delivery whose x-death alone is past the
+ * client's frame-max is dead-lettered (a tier copy would grow on), with
+ * that history left out and rebound's source and reason kept, in one
+ * header frame within frame-max. */
+static void test_oversize_history_left_out_of_the_dead_letter(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  enum { FRAME_MAX = 4096 };
+  uint8_t table[8192], filler[5000];
+  memset(filler, 'd', sizeof filler);
+  amqp_writer w = amqp_writer_make(table, sizeof table);
+  amqp_field f = amqp_field_string((amqp_bytes){filler, sizeof filler});
+  amqp_table_write_entry(&w, amqp_cstr("x-death"), &f);
+  f = amqp_field_string(amqp_cstr("kept"));
+  amqp_table_write_entry(&w, amqp_cstr("app"), &f);
+  assert_false(w.failed);
+  amqp_props props = {0};
+  props.flags = AMQP_P_HEADERS;
+  props.headers = (amqp_bytes){table, w.len};
+
+  h_open(h, 10, FRAME_MAX);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, &props, "hello", 5);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_expect(h, H_BROKER, "ch10 queue.declare queue=q.dlq");
+  h_expect(h, H_BROKER, "ch10 basic.publish exchange= rk=q.dlq mandatory=1");
+  const uint8_t *raw;
+  size_t len;
+  char line[512];
+  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
+  assert_string_equal(line, "ch10 header size=5");
+  assert_true(len <= FRAME_MAX);
+  amqp_content_header ch;
+  assert_int_equal(amqp_content_header_decode(
+                       (amqp_bytes){raw + 7, len - AMQP_FRAME_OVERHEAD}, &ch),
+                   AMQP_OK);
+  amqp_field v;
+  assert_int_not_equal(
+      amqp_table_get(ch.props.headers, amqp_cstr("x-death"), &v), AMQP_OK);
+  assert_int_equal(amqp_table_get(ch.props.headers, amqp_cstr("app"), &v),
+                   AMQP_OK);
+  assert_int_equal(
+      amqp_table_get(ch.props.headers, amqp_cstr("rebound-source-queue"), &v),
+      AMQP_OK);
+  h_expect(h, H_BROKER, "ch10 body len=5");
+  h_ack(h, H_BROKER, 10, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
@@ -163,6 +221,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_broker_header_over_frame_max_passes,
                                 teardown),
       cmocka_unit_test_teardown(test_returned_copy_declared_again, teardown),
+      cmocka_unit_test_teardown(
+          test_oversize_history_left_out_of_the_dead_letter, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
