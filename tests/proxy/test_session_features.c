@@ -2,8 +2,9 @@
  * guard, each checked here frame by frame over fake transports on the
  * session's hand-set clock (session_harness.h): backpressure between the
  * two sides, the frame-max each side is held to, a copy the broker
- * returns unroutable, and the broker's x-death history left out of a copy
- * it would push past frame-max. */
+ * returns unroutable, the broker's x-death history left out of a copy it
+ * would push past frame-max, and a tier that exists with the other queue
+ * type. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -213,6 +214,70 @@ static void test_oversize_history_left_out_of_the_dead_letter(void **state) {
   h_expect_none(h, H_BROKER);
 }
 
+/* ---- a tier of the other queue type ----------------------------------------
+ */
+
+/* Whether the queue.declare frame `raw` asks for a quorum queue. */
+static bool declares_quorum(const uint8_t *raw, size_t len) {
+  amqp_method m;
+  amqp_field v;
+  assert_int_equal(
+      amqp_method_decode((amqp_bytes){raw + 7, len - AMQP_FRAME_OVERHEAD}, &m),
+      AMQP_OK);
+  assert_int_equal(m.id, AMQP_QUEUE_DECLARE);
+  return amqp_table_get(m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b,
+                        amqp_cstr("x-queue-type"), &v) == AMQP_OK;
+}
+
+/* The tier exists with the other queue type (an operator's, or an older
+ * rebound's): the broker refuses the declare (406) and closes rebound's
+ * channel, discarding the copy. rebound reopens it at once, declares the
+ * tier with the other type's arguments and publishes the copy again; its
+ * confirm acks the original. */
+static void test_tier_of_the_other_type_is_adapted_to(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, NULL, "hello", 5);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  const uint8_t *raw;
+  size_t len;
+  char line[512];
+  h_settle(h);
+  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
+  assert_string_equal(line, "ch10 queue.declare queue=q.retry.1s");
+  bool quorum = declares_quorum(raw, len);
+  h_skip(h, H_BROKER); /* the copy */
+
+  h_close(h, H_BROKER, 10, 406,
+          "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue "
+          "'q.retry.1s' in vhost '/'");
+  h_expect(h, H_BROKER, "ch10 channel.close-ok");
+  h_expect(h, H_BROKER, "ch10 channel.open");
+  h_simple(h, H_BROKER, 10, AMQP_CHANNEL_OPEN_OK);
+  h_expect(h, H_BROKER, "ch10 confirm.select");
+  h_simple(h, H_BROKER, 10, AMQP_CONFIRM_SELECT_OK);
+  h_settle(h);
+  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
+  assert_string_equal(line, "ch10 queue.declare queue=q.retry.1s");
+  assert_true(declares_quorum(raw, len) != quorum);
+  h_expect(h, H_BROKER,
+           "ch10 basic.publish exchange= rk=q.retry.1s "
+           "mandatory=1");
+  h_expect(h, H_BROKER, "ch10 header size=5");
+  h_expect(h, H_BROKER, "ch10 body len=5");
+  h_expect_none(h, H_BROKER);
+  h_ack(h, H_BROKER, 10, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
@@ -223,6 +288,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_returned_copy_declared_again, teardown),
       cmocka_unit_test_teardown(
           test_oversize_history_left_out_of_the_dead_letter, teardown),
+      cmocka_unit_test_teardown(test_tier_of_the_other_type_is_adapted_to,
+                                teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
