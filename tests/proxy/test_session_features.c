@@ -3,8 +3,8 @@
  * session's hand-set clock (session_harness.h): backpressure between the
  * two sides, the frame-max each side is held to, a copy the broker
  * returns unroutable, the broker's x-death history left out of a copy it
- * would push past frame-max, and a tier that exists with the other queue
- * type. */
+ * would push past frame-max, a tier that exists with the other queue
+ * type, and a requeue inside a transaction. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -278,6 +278,52 @@ static void test_tier_of_the_other_type_is_adapted_to(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
 }
 
+/* ---- a requeue inside a transaction -----------------------------------------
+ */
+
+/* A channel in tx.select mode nacks with requeue: its retry is counted as
+ * anywhere else (a copy, confirmed, then rebound's ack of the original,
+ * which joins the client's transaction). The client's tx.commit waits
+ * behind that ack; a tx.rollback that takes back such acks is counted and
+ * said (the copies are in their tiers, the originals the client's again). */
+static void test_requeue_inside_a_transaction(void **state) {
+  static const char *const args[] = {POLICY, NULL};
+  harness *h = start(state, args);
+  h_open(h, 10, 131072);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  h_deliver(h, 1, "c1", 1, NULL, "one", 3);
+  h_deliver(h, 1, "c1", 2, NULL, "two", 3);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+  h_simple(h, H_CLIENT, 1, AMQP_TX_SELECT);
+  h_expect(h, H_BROKER, "ch1 tx.select");
+  h_simple(h, H_BROKER, 1, AMQP_TX_SELECT_OK);
+  h_expect(h, H_CLIENT, "ch1 tx.select-ok");
+
+  h_nack(h, H_CLIENT, 1, 1, false, true);
+  h_simple(h, H_CLIENT, 1, AMQP_TX_COMMIT);
+  h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
+  h_skip_until(h, H_BROKER, "ch10 body len=3");
+  h_expect_none(h, H_BROKER); /* the commit waits for the copy */
+  h_ack(h, H_BROKER, 10, 1, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect(h, H_BROKER, "ch1 tx.commit");
+  h_simple(h, H_BROKER, 1, AMQP_TX_COMMIT_OK);
+  h_expect(h, H_CLIENT, "ch1 tx.commit-ok");
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+
+  h_nack(h, H_CLIENT, 1, 2, false, true);
+  h_skip_until(h, H_BROKER, "ch10 body len=3");
+  h_ack(h, H_BROKER, 10, 2, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
+  h_simple(h, H_CLIENT, 1, AMQP_TX_ROLLBACK);
+  h_expect(h, H_BROKER, "ch1 tx.rollback");
+  assert_int_equal(h->srv.stats.tx_rolled_back, 1);
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+}
+
 int main(void) {
   h_on_fail(cmocka_fail);
   const struct CMUnitTest tests[] = {
@@ -290,6 +336,7 @@ int main(void) {
           test_oversize_history_left_out_of_the_dead_letter, teardown),
       cmocka_unit_test_teardown(test_tier_of_the_other_type_is_adapted_to,
                                 teardown),
+      cmocka_unit_test_teardown(test_requeue_inside_a_transaction, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
