@@ -1094,3 +1094,37 @@ void px_admin_resume(px_admin_response *r) {
   conn_arm(c, c->admin->limits.timeout_ms);
   conn_respond(c, c->head_only, c->keep_alive);
 }
+
+/* ---- percent-encoded text (px_admin.h) ---- */
+
+int px_admin_decode(const char *s, size_t len, char *out, size_t cap) {
+  static const char hexdig[] = "0123456789abcdef";
+  size_t o = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '%') {
+      const char *hi =
+          len - i >= 3 && s[i + 1] ? strchr(hexdig, s[i + 1] | 0x20) : NULL;
+      const char *lo = hi && s[i + 2] ? strchr(hexdig, s[i + 2] | 0x20) : NULL;
+      if (!hi || !lo)
+        return -1;
+      c = (unsigned char)((hi - hexdig) * 16 + (lo - hexdig));
+      i += 2;
+    }
+    if (c == 0 || cap - o < 2)
+      return -1;
+    out[o++] = (char)c;
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+int px_admin_param(const char *query, const char *name, char *out, size_t cap) {
+  size_t n = strlen(name);
+  for (const char *p = query; p && *p; p = strchr(p, '&'), p = p ? p + 1 : p) {
+    size_t len = strcspn(p, "&");
+    if (len > n && strncmp(p, name, n) == 0 && p[n] == '=')
+      return px_admin_decode(p + n + 1, len - n - 1, out, cap) == 0 ? 1 : -1;
+  }
+  return 0;
+}

@@ -243,4 +243,12 @@ void px_admin_stop(px_admin *a, void (*done)(void *arg), void *arg);
 /* Admin connections currently open (closing ones included). */
 unsigned px_admin_connections(const px_admin *a);
 
+/* Percent-decode `len` bytes of `s` into `out` (cap): 0, or -1 for a bad
+ * escape, a NUL, or no room. '+' stays '+'. */
+int px_admin_decode(const char *s, size_t len, char *out, size_t cap);
+
+/* The value of `name` in a query string ("a=1&b=2"), decoded into `out`:
+ * 1 found, 0 absent, -1 badly encoded or too long. */
+int px_admin_param(const char *query, const char *name, char *out, size_t cap);
+
 #endif

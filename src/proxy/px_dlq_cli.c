@@ -15,10 +15,10 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "px_admin.h"
 #include "px_dlq.h"
 #include "px_dlq_json.h"
 #include "px_log.h"
-#include "px_routes.h"
 #include "px_tls.h"
 
 #define EXIT_USAGE 2
@@ -116,10 +116,10 @@ int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
   const char *colon = memchr(rest, ':', (size_t)(at - rest));
   size_t ulen = (size_t)((colon ? colon : at) - rest);
   u->has_password = colon != NULL;
-  if (px_routes_decode(rest, ulen, u->user, sizeof u->user) != 0 ||
+  if (px_admin_decode(rest, ulen, u->user, sizeof u->user) != 0 ||
       !u->user[0] ||
-      (colon && px_routes_decode(colon + 1, (size_t)(at - colon - 1),
-                                 u->password, sizeof u->password) != 0)) {
+      (colon && px_admin_decode(colon + 1, (size_t)(at - colon - 1),
+                                u->password, sizeof u->password) != 0)) {
     snprintf(err, cap,
              "--url: the user or password is empty, too long or "
              "badly percent-encoded");
@@ -138,8 +138,8 @@ int px_amqp_url_parse(const char *s, px_amqp_url *u, char *err, size_t cap) {
   }
   if (!path || !path[1]) {
     snprintf(u->vhost, sizeof u->vhost, "/");
-  } else if (px_routes_decode(path + 1, strlen(path + 1), u->vhost,
-                              sizeof u->vhost) != 0) {
+  } else if (px_admin_decode(path + 1, strlen(path + 1), u->vhost,
+                             sizeof u->vhost) != 0) {
     snprintf(err, cap, "--url: bad vhost '%s' (percent-encode it: / is %%2F)",
              path + 1);
     return -1;

@@ -9,10 +9,10 @@
 #include <string.h>
 #include <strings.h>
 
+#include "px_admin.h"
 #include "px_dlq.h"
 #include "px_dlq_json.h"
 #include "px_log.h"
-#include "px_routes.h"
 #include "px_server.h"
 
 #define MESSAGES_DEFAULT 10
@@ -120,11 +120,11 @@ static bool parse_request(const px_admin_request *req, px_dlq_request *q,
                "password (the broker's permissions apply)");
     return false;
   }
-  int v = px_routes_param(req->query, "vhost", q->vhost, sizeof q->vhost);
+  int v = px_admin_param(req->query, "vhost", q->vhost, sizeof q->vhost);
   if (v == 0)
     strcpy(q->vhost, "/");
-  int t = px_routes_param(req->query, "to", q->to, sizeof q->to);
-  int l = px_routes_param(req->query, "limit", limit, sizeof limit);
+  int t = px_admin_param(req->query, "to", q->to, sizeof q->to);
+  int l = px_admin_param(req->query, "limit", limit, sizeof limit);
   char *end = limit;
   if (l == 1)
     q->limit = strtoull(limit, &end, 10);

@@ -585,7 +585,7 @@ void px_frames_retry_idle(px_session *s) {
 static void log_open(px_session *s) {
   px_info("session_open", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("user", s->user), PX_S("vhost", s->vhost),
-          PX_S("upstream", px_session_upstream(s)),
+          PX_S("upstream", px_own_upstream(s)),
           PX_U("channel_max", s->channel_max), PX_U("frame_max", s->frame_max),
           PX_U("heartbeat", s->heartbeat));
 }
@@ -628,8 +628,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
                                       uint32_t id) {
   amqp_method m;
   switch (id) {
-  case AMQP_CONNECTION_START:
-    s->hooks->upstream_started(s);
+  case AMQP_CONNECTION_START: /* the session lets its dialer go */
     s->broker_quorum_dlx =
         amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
             AMQP_OK &&
@@ -677,7 +676,7 @@ static int upstream_connection_method(px_session *s, const amqp_frame *f,
 int px_frames_upstream_error(px_session *s, const char *what) {
   s->srv->stats.protocol_errors++;
   px_warn("upstream_protocol_error", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", px_session_upstream(s)), PX_S("error", what));
+          PX_S("upstream", px_own_upstream(s)), PX_S("error", what));
   px_life_close_client(s, AMQP_REPLY_INTERNAL_ERROR,
                        "INTERNAL_ERROR - protocol error from the broker", 0, 0);
   return PX_STOP;
@@ -700,9 +699,15 @@ static int upstream_content(px_session *s, px_chan *c, const amqp_frame *f) {
   return PX_FORWARD;
 }
 
+/* A frame of rebound's channel on the client's upstream connection. */
+static int own_frame(px_session *s, const amqp_frame *f) {
+  px_own_event ev = px_own_frame(s, f);
+  return px_retry_own_event(s, &ev);
+}
+
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
   if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
-    return px_own_frame(s, f); /* confirms of copies in flight still count */
+    return own_frame(s, f); /* confirms of copies in flight still count */
   if (f->type != AMQP_FRAME_METHOD || f->channel != 0)
     return PX_DROP;
   uint32_t id = amqp_method_peek_id(f->payload);
@@ -793,7 +798,7 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
   if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
-    return px_own_frame(s, f);
+    return own_frame(s, f);
   if (gone)
     return PX_DROP; /* only rebound's own traffic matters now */
   if (f->channel == 0)

@@ -6,11 +6,6 @@
 #include "px_log.h"
 #include "px_server.h"
 
-void px_life_timer_due(px_timer *t) {
-  px_session *s = t->data;
-  s->hooks->timeout(s);
-}
-
 const char *px_close_by_name(int by) {
   switch (by) {
 #define PX__BY_NAME(id, name)                                                  \

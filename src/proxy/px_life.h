@@ -23,8 +23,6 @@ typedef struct px_release {
  * session's timer set to the phase's limit (the session's timeout hook
  * runs when it passes). */
 void px_life_phase(px_session *s, px_close_phase to);
-/* The session's phase timer (s->timer): its phase's limit passed. */
-void px_life_timer_due(px_timer *t);
 /* A connection.close passed on, from `by` (the client or the broker): an
  * open (or opening) session is closing. */
 void px_life_closing(px_session *s, px_close_by by);

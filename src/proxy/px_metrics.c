@@ -474,7 +474,7 @@ void px_metrics_render(px_server *srv, px_admin_response *r) {
   render_watch(srv, r);
   render_tls(srv, r);
   gauge(r, "rebound_ready", "1 when /readyz answers ready",
-        px_server_ready(srv));
+        px_status_ready(srv));
   gauge(r, "rebound_uptime_seconds", "Seconds since start",
         (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
   render_process(srv, r);

@@ -43,5 +43,8 @@ int px_metrics_merge(const char *const *texts, const size_t *lens,
  * age), pending retries, cache bytes, the effective config (it holds no
  * secrets: credentials never reach rebound's config). JSON. */
 void px_status_render(struct px_server *srv, struct px_admin_response *resp);
+/* /readyz's answer: not draining, and an upstream answered the probe (or
+ * a session) unless --ready-needs-upstream is off. */
+bool px_status_ready(const struct px_server *srv);
 
 #endif

@@ -34,6 +34,12 @@ static void own_set(px_session *s, px_own_state to) {
   s->own_state = (uint8_t)to;
 }
 
+const char *px_own_upstream(const px_session *s) {
+  if (s->dial)
+    return s->dial->addr;
+  return s->up.addr ? s->up.addr : "";
+}
+
 bool px_own_active(const px_session *s) {
   return s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
          s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING;
@@ -154,169 +160,154 @@ void px_own_reopen(px_session *s) {
 }
 
 /* The broker closed rebound's channel (a refused declare, a queue whose
- * home node is down, ...): copies in flight fall back, and the channel
- * reopens, at once when the close only showed a queue's type, else after
- * the backoff. Never given up: requeues wait meanwhile. */
-static void own_closed(px_session *s, const amqp_method *close) {
-  amqp_bytes text = close->args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
-  uint16_t code = (uint16_t)close->args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u;
+ * home node is down, ...): no new copies while those in flight fall back
+ * (px_retry_own_event() tells the retry path, then px_own_closed()). */
+static px_own_event own_closing(px_session *s, const amqp_method *close) {
+  px_own_event ev = {.kind = PX_OWN_EV_CLOSED};
+  ev.text = close->args[AMQP_F_CHANNEL_CLOSE_REPLY_TEXT].b;
+  ev.code = (uint16_t)close->args[AMQP_F_CHANNEL_CLOSE_REPLY_CODE].u;
+  ev.yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
+  ev.was = px_own_state_name(s->own_state);
+  own_set(s, PX_OWN_NONE);
+  return ev;
+}
+
+uint32_t px_own_closed(px_session *s, const px_own_event *ev, bool adapted) {
   amqp_method m;
-  bool yielding = s->own_state == PX_OWN_CLOSING || s->yield_requested;
-  const char *was = px_own_state_name(s->own_state);
-  own_set(s, PX_OWN_NONE); /* no new copies while they fall back */
-  bool adapted = s->hooks->own_lost(s, code, text);
   uint32_t delay = adapted ? 0 : own_backoff_ms(s);
   s->srv->stats.own_channel_errors++;
   px_warn("own_channel_closed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_U("channel", s->own_ch), PX_S("state", was), PX_U("code", code),
-          PX_B("text", text.ptr, text.len), PX_U("reopen_ms", delay));
+          PX_U("channel", s->own_ch), PX_S("state", ev->was),
+          PX_U("code", ev->code), PX_B("text", ev->text.ptr, ev->text.len),
+          PX_U("reopen_ms", delay));
   amqp_method_init(&m, AMQP_CHANNEL_CLOSE_OK);
   if (px_out_method(&s->out, px_own_sink(s), s->own_ch, &m) != PX_OUT_OK)
-    return; /* the session closes over it */
-  if (yielding) {
+    return 0; /* the session closes over it */
+  if (ev->yielding) {
     own_handover(s);
-    return;
+    return 0;
   }
   own_set(s, PX_OWN_NONE);
-  if (delay == 0) {
+  if (delay == 0)
     px_own_open(s);
-    return;
-  }
-  s->hooks->reopen_at(s, px_clock_ms(&s->srv->clock) + delay);
+  return delay;
+}
+
+void px_own_waiting(px_session *s) {
   release_own_waiters(s); /* their requeues wait for it, up to a delay */
   s->idle_due = true;     /* px_frames_retry_idle() once nothing is pending */
 }
 
-int px_own_frame(px_session *s, const amqp_frame *f) {
+px_own_event px_own_frame(px_session *s, const amqp_frame *f) {
   amqp_method m;
+  px_own_event ev = {.kind = PX_OWN_EV_NONE};
   if (f->type != AMQP_FRAME_METHOD)
-    return PX_DROP; /* content of a basic.return to rebound */
+    return ev; /* content of a basic.return to rebound */
   int rc = amqp_method_decode(f->payload, &m);
   if (rc != AMQP_OK) {
     px_warn("own_channel_bad_frame", PX_U("id", s->id),
             PX_S("error", amqp_status_str(rc)));
-    return PX_DROP;
+    return ev;
   }
   switch (m.id) {
   case AMQP_CHANNEL_OPEN_OK:
     own_set(s, PX_OWN_SELECTING);
     amqp_method_init(&m, AMQP_CONFIRM_SELECT);
     if (px_out_method(&s->out, px_own_sink(s), s->own_ch, &m) != PX_OUT_OK)
-      return PX_STOP; /* the session closes over it */
-    break;
+      ev.kind = PX_OWN_EV_STOP; /* the session closes over it */
+    return ev;
   case AMQP_CONFIRM_SELECT_OK:
     own_set(s, PX_OWN_READY);
     px_debug("own_channel_ready", PX_U("id", s->id), PX_U("channel", s->own_ch),
              PX_S("state", px_own_state_name(s->own_state)));
     release_own_waiters(s);
-    s->hooks->own_ready(s);
-    if (s->yield_requested && s->ops.n == 0)
-      px_own_yield_now(s);
-    break;
+    ev.kind = PX_OWN_EV_READY;
+    return ev;
   case AMQP_BASIC_ACK:
-    s->hooks->confirm(s, m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u,
-                      m.args[AMQP_F_BASIC_ACK_MULTIPLE].u, true);
-    break;
   case AMQP_BASIC_NACK:
-    s->hooks->confirm(s, m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u,
-                      m.args[AMQP_F_BASIC_NACK_MULTIPLE].u, false);
-    break;
+    ev.kind = PX_OWN_EV_CONFIRM;
+    ev.ok = m.id == AMQP_BASIC_ACK;
+    ev.seq = m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u; /* nack's are alike */
+    ev.multiple = m.args[AMQP_F_BASIC_ACK_MULTIPLE].u;
+    return ev;
   case AMQP_BASIC_RETURN:
-    s->hooks->returned(s, m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b);
-    break;
+    ev.kind = PX_OWN_EV_RETURNED;
+    ev.text = m.args[AMQP_F_BASIC_RETURN_ROUTING_KEY].b;
+    return ev;
   case AMQP_CHANNEL_CLOSE:
-    own_closed(s, &m);
-    break;
+    return own_closing(s, &m);
   case AMQP_CHANNEL_CLOSE_OK:
     own_handover(s);
-    break;
+    return ev;
   default:
-    break; /* confirms and returns for rebound's publishes */
+    return ev; /* confirms and returns for rebound's publishes */
   }
-  return PX_DROP;
+}
+
+void px_own_after_ready(px_session *s) {
+  if (s->yield_requested && s->ops.n == 0)
+    px_own_yield_now(s);
 }
 
 /* ---- the separate retry connection (px_pub.h) -------------------------
  */
 
-static void pub_ready(void *ctx) {
-  px_session *s = ctx;
+void px_own_pub_ready(px_session *s) {
   s->pub_ready = true;
   s->pub_was_up = true;
   s->pub_misses = 0;
   s->srv->stats.retry_connections_total++;
   px_debug("retry_connection_open", PX_U("id", s->id), PX_S("peer", s->peer),
-           PX_S("upstream", px_session_upstream(s)),
+           PX_S("upstream", px_own_upstream(s)),
            PX_S("state", px_own_state_name(s->own_state)));
   if (s->own_state == PX_OWN_OPENING && s->own_on_pub) {
     amqp_method m;
     amqp_method_init(&m, AMQP_CHANNEL_OPEN);
-    if (px_out_method(&s->out, NULL, 1, &m) != PX_OUT_OK) {
-      s->hooks->flush(s); /* closes over the failure */
-      return;
-    }
+    (void)!px_out_method(&s->out, NULL, 1, &m); /* a failure: the session
+                                                   closes over it */
   }
-  s->hooks->flush(s);
 }
 
-static void pub_frame(void *ctx, const amqp_frame *f) {
-  px_session *s = ctx;
-  if (s->own_on_pub && f->channel == s->own_ch && px_own_active(s))
-    px_own_frame(s, f);
-  s->hooks->flush(s);
+bool px_own_pub_frame(const px_session *s, const amqp_frame *f) {
+  return s->own_on_pub && f->channel == s->own_ch && px_own_active(s);
 }
 
-static void pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
-  px_session *s = ctx;
-  s->hooks->blocked(s, blocked, reason, "retry connection");
-  s->hooks->flush(s);
-}
-
-/* The retry connection failed or was closed. Never logged in: rebound's
- * channel goes on the client's connection. Lost after it was up: it is
- * dialled again after the backoff, the same after a failed login then,
- * up to PX_PUB_MISSES_MAX in a row; copies in flight fall back and new
- * requeues wait meanwhile. */
-static void pub_lost(void *ctx, const char *why, uint16_t code,
-                     amqp_bytes text) {
-  px_session *s = ctx;
-  bool was_ready = s->pub_ready;
-  bool own = s->own_on_pub && s->own_state != PX_OWN_NONE;
-  const char *was = px_own_state_name(s->own_state);
-  (void)code;
+px_own_pub_loss px_own_pub_lost(px_session *s) {
+  px_own_pub_loss l = {s->own_on_pub && s->own_state != PX_OWN_NONE,
+                       s->pub_ready, px_own_state_name(s->own_state)};
   px_pub_close(s->out.pub);
   s->out.pub = NULL;
   s->pub_ready = false;
   own_set(s, PX_OWN_NONE); /* before anything may publish again */
-  if (own)
-    s->hooks->own_lost(s, 0, text);
-  s->hooks->blocked(s, false, amqp_cstr(""), "retry connection");
-  if (!was_ready) {
+  return l;
+}
+
+/* Never logged in: rebound's channel goes on the client's connection.
+ * Lost after it was up: it is dialled again after the backoff, the same
+ * after a failed login then, up to PX_PUB_MISSES_MAX in a row. */
+bool px_own_pub_lost_after(px_session *s, const px_own_pub_loss *l,
+                           const char *why, amqp_bytes text,
+                           uint32_t *reopen_ms) {
+  if (!l->was_ready) {
     s->srv->stats.retry_connection_failures++;
     if (!s->pub_was_up || ++s->pub_misses >= PX_PUB_MISSES_MAX)
       s->pub_failed = true;
   }
   uint32_t delay = s->pub_failed ? 0 : own_backoff_ms(s);
   px_warn("retry_connection_lost", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", px_session_upstream(s)), PX_S("error", why),
-          PX_S("state", was), PX_B("text", text.ptr, text.len),
+          PX_S("upstream", px_own_upstream(s)), PX_S("error", why),
+          PX_S("state", l->was), PX_B("text", text.ptr, text.len),
           PX_U("failed_logins", s->pub_misses),
           PX_S("action", s->pub_failed ? "copies go on the client's connection"
                                        : "reconnect after a backoff"),
           PX_U("reconnect_ms", delay));
-  if (px_life_is_open(s)) {
-    if (s->pub_failed)
-      px_own_open(s);
-    else
-      s->hooks->reopen_at(s, px_clock_ms(&s->srv->clock) + delay);
-  }
-  release_own_waiters(s);
-  s->idle_due = true; /* px_frames_retry_idle() once nothing is pending */
-  s->hooks->flush(s);
+  *reopen_ms = delay;
+  if (!px_life_is_open(s))
+    return false;
+  if (s->pub_failed)
+    px_own_open(s);
+  return !s->pub_failed;
 }
-
-static const px_pub_events pub_events = {pub_ready, pub_frame, pub_blocked,
-                                         pub_lost};
 
 static void pub_open(px_session *s) {
   s->login.frame_max = s->frame_max;
@@ -325,14 +316,14 @@ static void pub_open(px_session *s) {
   s->pub_ready = false;
   s->out.pub = s->login_auth
                    ? px_pub_open(s->srv->loop, &s->up.sa.sa, s->srv->pub_io,
-                                 &s->login, &pub_events, s)
+                                 &s->login, s->pub_events, s)
                    : NULL;
   if (s->out.pub)
     return;
   s->pub_failed = true;
   s->srv->stats.retry_connection_failures++;
   px_warn("retry_connection_failed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("upstream", px_session_upstream(s)),
+          PX_S("upstream", px_own_upstream(s)),
           PX_S("error", s->login_auth ? "cannot be set up"
                                       : "the client's login was not kept"),
           PX_S("action", "copies go on the client's connection"));

@@ -50,6 +50,9 @@ typedef enum px_own_state {
 
 const char *px_own_state_name(int state);
 
+/* "host:port" of the session's upstream, tried or in use ("" before the
+ * first): where the retry connection goes. */
+const char *px_own_upstream(const px_session *s);
 /* Opening, ready or closing: its number is taken where it lives. */
 bool px_own_active(const px_session *s);
 /* ... and it lives on the client's upstream connection. */
@@ -68,8 +71,60 @@ void px_own_reopen(px_session *s);
 static inline px_conn *px_own_sink(px_session *s) {
   return s->own_on_pub ? NULL : &s->upstream;
 }
+/* What the broker said on rebound's channel, for the retry path
+ * (px_retry_own_event()): rebound's channel does not act on its copies
+ * itself. */
+typedef enum px_own_event_kind {
+  PX_OWN_EV_NONE,
+  PX_OWN_EV_STOP,     /* rebound's output failed: the session closes */
+  PX_OWN_EV_READY,    /* confirm.select-ok: copies may go */
+  PX_OWN_EV_CONFIRM,  /* basic.ack (ok) or basic.nack of seq (multiple) */
+  PX_OWN_EV_RETURNED, /* basic.return of a copy; text: its routing key */
+  PX_OWN_EV_CLOSED,   /* channel.close (code, text): then px_own_closed() */
+} px_own_event_kind;
+
+typedef struct px_own_event {
+  px_own_event_kind kind;
+  bool ok, multiple;
+  uint64_t seq;
+  uint16_t code;
+  amqp_bytes text; /* into the frame: valid while it is handled */
+  bool yielding;   /* CLOSED: it was being given up */
+  const char *was; /* CLOSED: the state it was in */
+} px_own_event;
+
 /* A frame for it from the broker (client's connection or retry
- * connection). Returns PX_DROP, or PX_STOP when the output failed. */
-int px_own_frame(px_session *s, const amqp_frame *f);
+ * connection): handled as far as the channel goes, the rest returned. */
+px_own_event px_own_frame(px_session *s, const amqp_frame *f);
+/* After a READY was handled: a yield asked for meanwhile happens now. */
+void px_own_after_ready(px_session *s);
+/* After a CLOSED was handled (`adapted`: the close only taught rebound a
+ * queue's type): close-ok, then the channel is handed over, reopened at
+ * once, or (the delay returned, not 0) to be reopened after a backoff,
+ * when px_own_waiting() lets its waiters go. */
+uint32_t px_own_closed(px_session *s, const px_own_event *ev, bool adapted);
+/* Requeues that waited for rebound's channel go on (they wait for it up
+ * to their delay), and the idle work runs once nothing is pending. */
+void px_own_waiting(px_session *s);
+
+/* The separate retry connection's events (px_pub.h), which the session
+ * receives (s->pub_events) and passes here. */
+void px_own_pub_ready(px_session *s);
+/* Is this frame of the retry connection for rebound's channel? */
+bool px_own_pub_frame(const px_session *s, const amqp_frame *f);
+/* The retry connection was lost or failed: closed, rebound's channel
+ * none. Then the retry path hears of it, then px_own_pub_lost_after(). */
+typedef struct px_own_pub_loss {
+  bool own;       /* rebound's channel was on it */
+  bool was_ready; /* it was logged in */
+  const char *was;
+} px_own_pub_loss;
+px_own_pub_loss px_own_pub_lost(px_session *s);
+/* Logged and counted; rebound's channel goes on the client's connection
+ * after too many failed logins. true when it is to be reopened on the
+ * retry connection after *reopen_ms; then px_own_waiting(). */
+bool px_own_pub_lost_after(px_session *s, const px_own_pub_loss *l,
+                           const char *why, amqp_bytes text,
+                           uint32_t *reopen_ms);
 
 #endif

@@ -795,7 +795,7 @@ static void lost_scan(px_session *s) {
 
 void px_retry_consumer_lost(px_session *s) {
   if (s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING)
-    s->lost_waiting = true; /* px_retry_own_ready() scans */
+    s->lost_waiting = true; /* own_ready() scans */
   else if (s->own_state == PX_OWN_READY && !s->own_blocked)
     lost_scan(s);
   /* else the broker requeues them, uncounted, as it always did */
@@ -1033,9 +1033,10 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 /* ---- requeues held back for the tier delay --------------------------------
  */
 
+static void own_ready(px_session *s);
 static void arm_defer_timer(px_session *s);
 
-void px_retry_reopen_at(px_session *s, uint64_t due_ms) {
+static void reopen_at(px_session *s, uint64_t due_ms) {
   s->own_reopen_ms = due_ms;
   arm_defer_timer(s);
 }
@@ -1174,8 +1175,7 @@ static void defer_fire(px_session *s, const px_defer *f) {
     px_life_release_held(s, c);
 }
 
-void px_retry_defer_due(px_timer *timer) {
-  px_session *s = timer->data;
+void px_retry_defer_due(px_session *s) {
   uint64_t now = now_ms(s);
   px_ring due = {0};
   /* take the due ones out first: releasing held frames may defer more */
@@ -1200,7 +1200,6 @@ void px_retry_defer_due(px_timer *timer) {
   }
   if (!px_life_closed(s))
     arm_defer_timer(s);
-  s->hooks->flush(s);
 }
 
 /* The client's requeue of deliveries [from, to) goes to the broker as
@@ -1366,7 +1365,7 @@ void px_retry_tx_end(px_session *s, px_chan *c, bool rollback) {
  */
 
 /* A copy returned unroutable: its tier or dead-letter queue is gone (an
- * operator deleted it). It is declared again (px_retry_returned forgot
+ * operator deleted it). It is declared again (copy_returned forgot
  * it) and the copy republished, once. */
 static bool republish(px_session *s, px_chan *c, px_delivery *d,
                       const px_retry_op *op) {
@@ -1509,7 +1508,8 @@ static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
   return px_ring_lower_bound(&s->ops, sizeof(px_retry_op), seq, op_seq);
 }
 
-void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
+static void copies_confirmed(px_session *s, uint64_t seq, bool multiple,
+                             bool ok) {
   if (ok)
     s->own_failures = 0; /* the reopen backoff starts over */
   if (multiple) {
@@ -1527,8 +1527,7 @@ void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok) {
   finish_prefix(s, 1, ok, WHY(NACKED));
 }
 
-void px_retry_deadline(px_timer *timer) {
-  px_session *s = timer->data;
+void px_retry_deadline(px_session *s) {
   if (s->own_blocked) /* the broker reads nothing: no copy is late */
     return;
   uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
@@ -1542,7 +1541,6 @@ void px_retry_deadline(px_timer *timer) {
   finish_prefix(s, n, false, WHY(CONFIRM_TIMEOUT));
   if (n == 0)
     arm_deadline(s);
-  s->hooks->flush(s);
 }
 
 void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
@@ -1568,7 +1566,7 @@ void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
   for (uint32_t i = 0; i < s->ops.n; i++)
     op_at(s, i)->started_us = us;
   arm_deadline(s);
-  px_retry_own_ready(s);
+  own_ready(s);
   /* those still not retried (rebound's channel is not ready) wait for
    * their tier delay from now, as any held-back requeue */
   for (uint32_t i = 0; i < s->defers.n; i++) {
@@ -1581,7 +1579,7 @@ void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
   arm_defer_timer(s);
 }
 
-void px_retry_returned(px_session *s, amqp_bytes routing_key) {
+static void copy_returned(px_session *s, amqp_bytes routing_key) {
   for (uint32_t i = 0; i < s->ops.n; i++) {
     px_retry_op *op = op_at(s, i);
     if (!op->returned && amqp_bytes_eq(routing_key, amqp_cstr(op->target))) {
@@ -1680,7 +1678,7 @@ static bool use_as_is(px_session *s, const char *q) {
  * connection. A 404 (the queue's home node is down) is temporary: the
  * reopen backs off instead. Returns true when the close only taught
  * rebound a queue's type (reopen at once). */
-bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text) {
+static bool own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   char q[RETRY_NAME_MAX + 1];
   bool adapted = false;
   bool named = closed_queue(text, q);
@@ -1727,7 +1725,7 @@ uint32_t px_retry_pending(const px_session *s) {
 
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
-void px_retry_own_ready(px_session *s) {
+static void own_ready(px_session *s) {
   if (s->ops.n == 0)
     unpark(s);
   if (s->lost_waiting && s->own_state == PX_OWN_READY && !s->own_blocked) {
@@ -1758,4 +1756,43 @@ void px_retry_own_ready(px_session *s) {
   }
   arm_defer_timer(s);
   s->idle_due = true; /* a connection.close that waited for this goes on */
+}
+
+int px_retry_own_event(px_session *s, const px_own_event *ev) {
+  switch (ev->kind) {
+  case PX_OWN_EV_STOP:
+    return PX_STOP;
+  case PX_OWN_EV_READY:
+    own_ready(s);
+    px_own_after_ready(s);
+    break;
+  case PX_OWN_EV_CONFIRM:
+    copies_confirmed(s, ev->seq, ev->multiple, ev->ok);
+    break;
+  case PX_OWN_EV_RETURNED:
+    copy_returned(s, ev->text);
+    break;
+  case PX_OWN_EV_CLOSED: {
+    uint32_t delay = px_own_closed(s, ev, own_lost(s, ev->code, ev->text));
+    if (delay) {
+      reopen_at(s, now_ms(s) + delay);
+      px_own_waiting(s);
+    }
+    break;
+  }
+  case PX_OWN_EV_NONE:
+    break;
+  }
+  return PX_DROP;
+}
+
+void px_retry_pub_lost(px_session *s, const char *why, amqp_bytes text) {
+  px_own_pub_loss l = px_own_pub_lost(s);
+  uint32_t ms;
+  if (l.own)
+    own_lost(s, 0, text);
+  px_retry_blocked(s, false, amqp_cstr(""), "retry connection");
+  if (px_own_pub_lost_after(s, &l, why, text, &ms))
+    reopen_at(s, now_ms(s) + ms);
+  px_own_waiting(s);
 }

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "amqp.h"
+#include "px_own.h"
 #include "px_session.h"
 
 /* A client's nack/reject with requeue=1: PX_FORWARD (nothing to retry),
@@ -52,17 +53,15 @@ int px_retry_split_settle(px_session *s, px_chan *c, amqp_method *m);
  * flight, before the upstream connection is closed. */
 void px_retry_consumer_lost(px_session *s);
 
-/* Events of rebound's channel (px_own.c raises them through the session's
- * hooks): a confirm of copies up to `seq`, a returned copy, the channel
- * lost (true when the close only showed a queue's type: it reopens at
- * once), ready again. */
-void px_retry_confirm(px_session *s, uint64_t seq, bool multiple, bool ok);
-void px_retry_returned(px_session *s, amqp_bytes routing_key);
-bool px_retry_own_lost(px_session *s, uint16_t code, amqp_bytes text);
-void px_retry_own_ready(px_session *s);
-/* Reopen rebound's channel at `due_ms` (the loop's clock) through
- * px_own_reopen(), on the defer timer. */
-void px_retry_reopen_at(px_session *s, uint64_t due_ms);
+/* An event of rebound's channel (px_own_frame()): a confirm of copies up
+ * to a seq, a returned copy, the channel ready again, or closed by the
+ * broker (its copies in flight fall back; it reopens at once when the
+ * close only showed a queue's type, else after a backoff, on the defer
+ * timer). PX_DROP, or PX_STOP when the session is to close. */
+int px_retry_own_event(px_session *s, const px_own_event *ev);
+/* The separate retry connection was lost (or never logged in): copies in
+ * flight fall back, and rebound's channel reopens (px_own.h). */
+void px_retry_pub_lost(px_session *s, const char *why, amqp_bytes text);
 /* The broker blocks (or unblocks) the connection rebound's channel is on:
  * no copy is published meanwhile, copies in flight wait without a
  * deadline. `which` names the connection for the log. */
@@ -79,9 +78,11 @@ uint32_t px_retry_pending(const px_session *s);
 bool px_retry_unpark(px_session *s);
 void px_retry_free(px_session *s);
 
-/* The retry timer: copies not confirmed in time fall back. */
-void px_retry_deadline(px_timer *timer);
-/* The defer timer: requeues whose delay has passed go to the broker. */
-void px_retry_defer_due(px_timer *timer);
+/* The retry timer (s->retry_timer) came: copies not confirmed in time
+ * fall back. */
+void px_retry_deadline(px_session *s);
+/* The defer timer (s->defer_timer) came: requeues whose delay has passed
+ * go to the broker, and rebound's channel reopens if that is due. */
+void px_retry_defer_due(px_session *s);
 
 #endif

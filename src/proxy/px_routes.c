@@ -39,7 +39,7 @@ static void route_readyz(px_server *srv, const px_admin_request *req,
   if (srv->draining) {
     r->status = 503;
     px_admin_printf(r, "not ready: draining (shutting down)\n");
-  } else if (!px_server_ready(srv)) {
+  } else if (!px_status_ready(srv)) {
     r->status = 503;
     px_admin_printf(r, "not ready: %s\n", why);
   } else if (!srv->upstream_ok) {
@@ -89,39 +89,6 @@ static const struct route {
     {"/v1/dlq/{}/purge", "POST", px_dlq_http_purge},
 };
 
-int px_routes_decode(const char *s, size_t len, char *out, size_t cap) {
-  static const char hexdig[] = "0123456789abcdef";
-  size_t o = 0;
-  for (size_t i = 0; i < len; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '%') {
-      const char *hi =
-          len - i >= 3 && s[i + 1] ? strchr(hexdig, s[i + 1] | 0x20) : NULL;
-      const char *lo = hi && s[i + 2] ? strchr(hexdig, s[i + 2] | 0x20) : NULL;
-      if (!hi || !lo)
-        return -1;
-      c = (unsigned char)((hi - hexdig) * 16 + (lo - hexdig));
-      i += 2;
-    }
-    if (c == 0 || cap - o < 2)
-      return -1;
-    out[o++] = (char)c;
-  }
-  out[o] = '\0';
-  return 0;
-}
-
-int px_routes_param(const char *query, const char *name, char *out,
-                    size_t cap) {
-  size_t n = strlen(name);
-  for (const char *p = query; p && *p; p = strchr(p, '&'), p = p ? p + 1 : p) {
-    size_t len = strcspn(p, "&");
-    if (len > n && strncmp(p, name, n) == 0 && p[n] == '=')
-      return px_routes_decode(p + n + 1, len - n - 1, out, cap) == 0 ? 1 : -1;
-  }
-  return 0;
-}
-
 /* Does `path` fit `pattern`? The {} segment is decoded into `seg`. */
 static bool match(const char *pattern, const char *path, char *seg, bool *bad) {
   const char *hole = strstr(pattern, "{}");
@@ -134,7 +101,7 @@ static bool match(const char *pattern, const char *path, char *seg, bool *bad) {
   const char *tail = hole + 2;
   if (!end || end == start || strcmp(end, tail) != 0)
     return false;
-  *bad = px_routes_decode(start, (size_t)(end - start), seg, SEGMENT_MAX) != 0;
+  *bad = px_admin_decode(start, (size_t)(end - start), seg, SEGMENT_MAX) != 0;
   return true;
 }
 

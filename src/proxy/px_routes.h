@@ -10,12 +10,4 @@
 void px_routes_route(void *ctx, const px_admin_request *req,
                      px_admin_response *r);
 
-/* Percent-decode `len` bytes of `s` into `out` (cap): 0, or -1 for a bad
- * escape, a NUL, or no room. '+' stays '+'. */
-int px_routes_decode(const char *s, size_t len, char *out, size_t cap);
-
-/* The value of `name` in a query string ("a=1&b=2"), decoded into `out`:
- * 1 found, 0 absent, -1 badly encoded or too long. */
-int px_routes_param(const char *query, const char *name, char *out, size_t cap);
-
 #endif

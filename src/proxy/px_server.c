@@ -789,6 +789,12 @@ static double unix_now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* The admin endpoint's requests, to the routes (px_routes.h). */
+static void route(void *ctx, const px_admin_request *req,
+                  px_admin_response *r) {
+  px_routes_route(ctx, req, r);
+}
+
 int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
@@ -807,7 +813,7 @@ int px_server_start(px_server *srv, uv_loop_t *loop, const px_config *cfg) {
        !(srv->tls_listener = bind_listener(srv, &cfg->tls.listen, "amqps"))) ||
       (cfg->admin_on && cfg->worker == 0 &&
        px_admin_start(&srv->admin, loop, cfg->admin.host, cfg->admin.port,
-                      px_routes_route, srv) != 0)) {
+                      route, srv) != 0)) {
     close_listener(&srv->listener); /* freed as the loop runs on */
     close_listener(&srv->tls_listener);
     return UV_EINVAL;

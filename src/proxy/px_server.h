@@ -187,13 +187,6 @@ void px_server_drain(px_server *srv, int signum);
  * negative libuv error (logged). */
 int px_server_start_workers(px_server *srv, char **argv);
 
-/* /readyz's answer: not draining, and an upstream answered the probe (or
- * a session) unless --ready-needs-upstream is off. */
-static inline bool px_server_ready(const px_server *srv) {
-  return !srv->draining &&
-         (srv->upstream_ok || !srv->cfg->ready_needs_upstream);
-}
-
 /* --check: what px_server_start would refuse, without binding anything:
  * the certificates and keys load, the listeners' and the admin
  * endpoint's host names resolve. Each failure is logged as at start.

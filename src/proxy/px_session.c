@@ -319,6 +319,7 @@ static void side_queue(px_conn *side, px_chunk *c, uint8_t *p, uint32_t len) {
 }
 
 static void after_event(px_session *s);
+static void upstream_started(px_session *s);
 
 static void session_flush(px_session *s) {
   check_out(s);
@@ -619,6 +620,9 @@ static inline int dispatch(px_session *s, px_conn *from, const amqp_frame *f,
       return PX_FORWARD;
     int act = px_frames_upstream(s, f, raw);
     *plain = px_frames_upstream_plain(s);
+    if (s->dial && f->channel == 0 && f->type == AMQP_FRAME_METHOD &&
+        amqp_method_peek_id(f->payload) == AMQP_CONNECTION_START)
+      upstream_started(s); /* the broker answered: the dialer goes */
     return act;
   }
   if (px_frames_client_content(s, f))
@@ -1077,18 +1081,51 @@ static const px_conn_events conn_events = {
     on_conn_data,    on_conn_eof,       on_conn_write_failed,
     on_conn_written, on_conn_connected, on_conn_closed};
 
-/* What the modules below call up (px_session.h). */
-static const px_session_hooks hooks = {
-    .flush = session_flush,
-    .timeout = on_phase_timeout,
-    .own_lost = px_retry_own_lost,
-    .own_ready = px_retry_own_ready,
-    .confirm = px_retry_confirm,
-    .returned = px_retry_returned,
-    .blocked = px_retry_blocked,
-    .reopen_at = px_retry_reopen_at,
-    .upstream_started = upstream_started,
-};
+/* The session's timers: each module's work, then the end of the event. */
+static void on_phase_timer(px_timer *t) {
+  on_phase_timeout(t->data);
+}
+
+static void on_retry_deadline(px_timer *t) {
+  px_retry_deadline(t->data);
+  session_flush(t->data);
+}
+
+static void on_defer_timer(px_timer *t) {
+  px_retry_defer_due(t->data);
+  session_flush(t->data);
+}
+
+/* The separate retry connection's events (px_pub.h), for rebound's
+ * channel (px_own.h) and the retry path. */
+static void on_pub_ready(void *ctx) {
+  px_own_pub_ready(ctx);
+  session_flush(ctx);
+}
+
+static void on_pub_frame(void *ctx, const amqp_frame *f) {
+  px_session *s = ctx;
+  if (px_own_pub_frame(s, f)) {
+    px_own_event ev = px_own_frame(s, f);
+    px_retry_own_event(s, &ev); /* a failure closes the session */
+  }
+  session_flush(s);
+}
+
+static void on_pub_blocked(void *ctx, bool blocked, amqp_bytes reason) {
+  px_retry_blocked(ctx, blocked, reason, "retry connection");
+  session_flush(ctx);
+}
+
+static void on_pub_lost(void *ctx, const char *why, uint16_t code,
+                        amqp_bytes text) {
+  (void)code;
+  px_retry_pub_lost(ctx, why, text);
+  session_flush(ctx);
+}
+
+static const px_pub_events pub_events = {on_pub_ready, on_pub_frame,
+                                         on_pub_blocked, on_pub_lost};
 
 static px_session *session_alloc(px_server *srv) {
   px_session *s = calloc(1, sizeof *s);
@@ -1100,10 +1137,10 @@ static px_session *session_alloc(px_server *srv) {
     return NULL;
   }
   s->srv = srv;
-  s->hooks = &hooks;
-  px_timer_init(&s->timer, px_life_timer_due, s);
-  px_timer_init(&s->retry_timer, px_retry_deadline, s);
-  px_timer_init(&s->defer_timer, px_retry_defer_due, s);
+  s->pub_events = &pub_events;
+  px_timer_init(&s->timer, on_phase_timer, s);
+  px_timer_init(&s->retry_timer, on_retry_deadline, s);
+  px_timer_init(&s->defer_timer, on_defer_timer, s);
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
   return s;
@@ -1242,7 +1279,7 @@ void px_session_tick(px_session *s, uint32_t shortest_timeout_ms) {
   if (px_life_closed(s) || !shortest_timeout_ms)
     return;
   px_retry_timeouts(s, shortest_timeout_ms);
-  s->hooks->flush(s);
+  session_flush(s);
 }
 
 px_session *px_session_next(const px_session *s) {

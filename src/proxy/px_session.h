@@ -143,27 +143,10 @@ enum px_action {
 
 struct px_session;
 
-/* What the session registers for the modules below it to call up
- * (px_session.c fills it): the end of an event they handled (a timer, the
- * retry connection), its phase timer, and the events of rebound's channel
- * (px_own.c raises them) for the retry path (px_retry.c handles them). */
-typedef struct px_session_hooks {
-  void (*flush)(struct px_session *s);
-  void (*timeout)(struct px_session *s);
-  bool (*own_lost)(struct px_session *s, uint16_t code, amqp_bytes text);
-  void (*own_ready)(struct px_session *s);
-  void (*confirm)(struct px_session *s, uint64_t seq, bool multiple, bool ok);
-  void (*returned)(struct px_session *s, amqp_bytes routing_key);
-  void (*blocked)(struct px_session *s, bool blocked, amqp_bytes reason,
-                  const char *which);
-  void (*reopen_at)(struct px_session *s, uint64_t due_ms);
-  /* the broker sent connection.start: the upstream is reached */
-  void (*upstream_started)(struct px_session *s);
-} px_session_hooks;
-
 typedef struct px_session {
   struct px_server *srv;
-  const px_session_hooks *hooks;
+  const px_pub_events *pub_events; /* the session's, for the retry
+                                      connection px_own opens */
   struct px_session *prev, *next;
   uint64_t id;
   uint8_t phase;  /* px_close_phase */
@@ -338,12 +321,5 @@ void px_session_tick(px_session *s, uint32_t shortest_timeout_ms);
 /* The sessions of a server, newest first (ids decrease along it). */
 px_session *px_session_next(const px_session *s);
 uint64_t px_session_id(const px_session *s);
-
-/* "host:port" of the upstream tried or in use ("" before the first). */
-static inline const char *px_session_upstream(const px_session *s) {
-  if (s->dial)
-    return s->dial->addr;
-  return s->up.addr ? s->up.addr : "";
-}
 
 #endif

@@ -128,6 +128,11 @@ static bool status_produce(void *arg, px_admin_response *r) {
 
 /* /v1/status, streamed: the head of the document now, the sessions and the
  * rest in slices (status_produce). */
+bool px_status_ready(const px_server *srv) {
+  return !srv->draining &&
+         (srv->upstream_ok || !srv->cfg->ready_needs_upstream);
+}
+
 void px_status_render(px_server *srv, px_admin_response *r) {
   uint64_t now = uv_now(srv->loop);
   status_stream *st = malloc(sizeof *st);
@@ -139,7 +144,7 @@ void px_status_render(px_server *srv, px_admin_response *r) {
                   "{\"version\":\"%s\",\"uptime_seconds\":%.3f,"
                   "\"ready\":%s,\"draining\":%s,\"listeners\":[",
                   REBOUND_VERSION, (double)(now - srv->started_ms) / 1000.0,
-                  px_server_ready(srv) ? "true" : "false",
+                  px_status_ready(srv) ? "true" : "false",
                   srv->draining ? "true" : "false");
   json_addr(r, &srv->cfg->listen);
   px_admin_printf(r, "],\"sessions\":[");

@@ -14,9 +14,9 @@
 #include <string.h>
 
 #include "amqp.h"
+#include "px_admin.h"
 #include "px_dlq_cli.h"
 #include "px_dlq_json.h"
-#include "px_routes.h"
 #include "px_watch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -135,7 +135,7 @@ static void query(const uint8_t *data, size_t size) {
     return;
   memcpy(s, data, size);
   s[size] = '\0';
-  if (px_routes_param(s, "limit", v, sizeof v) == 1 && strlen(v) >= sizeof v)
+  if (px_admin_param(s, "limit", v, sizeof v) == 1 && strlen(v) >= sizeof v)
     abort();
 }
 

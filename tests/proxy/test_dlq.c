@@ -12,9 +12,9 @@
 #include <cmocka.h>
 
 #include "amqp.h"
+#include "px_admin.h"
 #include "px_dlq_cli.h"
 #include "px_dlq_json.h"
-#include "px_routes.h"
 
 static void test_url_forms(void **state) {
   (void)state;
@@ -74,17 +74,17 @@ static void test_url_errors_name_the_part(void **state) {
 static void test_query_params(void **state) {
   (void)state;
   char v[16];
-  assert_int_equal(px_routes_param("limit=5&vhost=%2Fprod", "vhost", v, 16), 1);
+  assert_int_equal(px_admin_param("limit=5&vhost=%2Fprod", "vhost", v, 16), 1);
   assert_string_equal(v, "/prod");
-  assert_int_equal(px_routes_param("limit=5&vhost=%2Fprod", "limit", v, 16), 1);
+  assert_int_equal(px_admin_param("limit=5&vhost=%2Fprod", "limit", v, 16), 1);
   assert_string_equal(v, "5");
-  assert_int_equal(px_routes_param("xlimit=5", "limit", v, 16), 0);
-  assert_int_equal(px_routes_param("", "limit", v, 16), 0);
-  assert_int_equal(px_routes_param("to=a+b", "to", v, 16), 1);
+  assert_int_equal(px_admin_param("xlimit=5", "limit", v, 16), 0);
+  assert_int_equal(px_admin_param("", "limit", v, 16), 0);
+  assert_int_equal(px_admin_param("to=a+b", "to", v, 16), 1);
   assert_string_equal(v, "a+b"); /* a path's rules: '+' is itself */
-  assert_int_equal(px_routes_param("to=%4", "to", v, 16), -1);
-  assert_int_equal(px_routes_param("to=0123456789abcdef", "to", v, 16), -1);
-  assert_int_equal(px_routes_decode("a%2fb", 5, v, 16), 0);
+  assert_int_equal(px_admin_param("to=%4", "to", v, 16), -1);
+  assert_int_equal(px_admin_param("to=0123456789abcdef", "to", v, 16), -1);
+  assert_int_equal(px_admin_decode("a%2fb", 5, v, 16), 0);
   assert_string_equal(v, "a/b");
 }
 
