@@ -20,12 +20,14 @@ import re
 import sys
 
 DEF = re.compile(r"^(?!static\b)[A-Za-z_][\w \*]*?\b(px_\w+)\(", re.M)
-COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+# comments, then character literals ('"' among them) and strings, each on
+# its line
+LITERAL = re.compile(r"/\*.*?\*/|//[^\n]*|'(?:\\.|[^'\\\n])*'|"
+                     r'"(?:\\.|[^"\\\n])*"', re.S)
 
 
 def strip(text):
-    return STRING.sub('""', COMMENT.sub(" ", text))
+    return LITERAL.sub(lambda m: "\n" * m.group(0).count("\n") + " ", text)
 
 
 INLINE = re.compile(r"^static inline\b[\w \*]*?\b(px_\w+)\(", re.M)

@@ -11,6 +11,11 @@ server). Prints the totals, the fields touched by two or more files, and
 the number of fields each file touches.
 
     tools/struct_owners.py [STRUCT [VAR]]
+    tools/struct_owners.py --check
+
+--check fails when a field a module owns (OWNED) is named by any other
+file (its own header's inline functions excepted): the owner's header is
+the only way in.
 """
 import os
 import re
@@ -21,8 +26,11 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src",
 
 
 def strip(text):
-    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
-    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    """Comments, strings and character literals blanked, lines kept."""
+    return re.sub(r"/\*.*?\*/|//[^\n]*|'(?:\\.|[^'\\\n])*'|"
+                  r'"(?:\\.|[^"\\\n])*"',
+                  lambda m: re.sub(r"[^\n]", " ", m.group(0)), text,
+                  flags=re.S)
 
 
 def fields_of(header, name):
@@ -66,7 +74,32 @@ def fields_of(header, name):
     return out
 
 
+# px_session fields that one module owns: {field: owner file}.
+OWNED = {"own": "px_own.c"}
+
+
+def check():
+    files = sorted(f for f in os.listdir(SRC) if f.endswith((".c", ".h")))
+    bad = []
+    for field, owner in OWNED.items():
+        pat = re.compile(r"\bs->%s\b" % field)
+        for f in files:
+            if f in (owner, owner[:-2] + ".h"):
+                continue
+            text = strip(open(os.path.join(SRC, f)).read())
+            for line_no, line in enumerate(text.splitlines(), 1):
+                if pat.search(line):
+                    bad.append("%s:%d: s->%s is %s's" % (f, line_no, field,
+                                                           owner))
+    for b in bad:
+        print(b)
+    print("%d owned fields, %d stray uses" % (len(OWNED), len(bad)))
+    return 1 if bad else 0
+
+
 def main():
+    if sys.argv[1:] == ["--check"]:
+        return check()
     name = sys.argv[1] if len(sys.argv) > 1 else "px_session"
     var = sys.argv[2] if len(sys.argv) > 2 else {"px_session": "s",
                                                  "px_server": "srv"}[name]

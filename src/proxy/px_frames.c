@@ -24,7 +24,7 @@
 
 /* Is upstream channel `n` unused, by the client and by rebound? */
 static bool up_free(const px_session *s, uint32_t n) {
-  return !(n == s->own_ch && px_own_on_main(s)) &&
+  return !(n == px_own_ch(s) && px_own_on_main(s)) &&
          !px_tab_get(&s->by_up, (uint16_t)n);
 }
 
@@ -63,7 +63,7 @@ void px_frames_chan_release(px_session *s, px_chan *c) {
   px_life_drop_held(s, c);
   free(c);
   s->nchans--;
-  if (s->own_state == PX_OWN_YIELDED && px_life_is_open(s))
+  if (px_own_yielded(s) && px_life_is_open(s))
     px_own_open(s);
 }
 
@@ -129,7 +129,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
     }
     return PX_FORWARD;
   }
-  if (!px_own_on_main(s) || s->yield_waiter) {
+  if (!px_own_may_yield(s)) {
     free(c); /* no number left at all: the broker decides */
     return PX_FORWARD;
   }
@@ -143,11 +143,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   c->held = true;
   c->open_held = true;
   s->nchans++;
-  s->yield_waiter = ch;
-  if (s->own_state == PX_OWN_READY && s->ops.n == 0)
-    px_own_yield_now(s);
-  else if (s->own_state != PX_OWN_CLOSING)
-    s->yield_requested = true;
+  px_own_yield_to(s, ch);
   *hold_chan = c;
   return PX_HOLD;
 }
@@ -423,7 +419,7 @@ static int client_frame_chan_closing(px_session *s, px_chan *c, uint8_t *raw,
 /* Is upstream channel `n` carrying something else than the client's own
  * channel `n` (rebound's channel, or a client channel moved there)? */
 static bool up_taken(const px_session *s, uint16_t n) {
-  return (n == s->own_ch && px_own_on_main(s)) || px_tab_get(&s->by_up, n);
+  return (n == px_own_ch(s) && px_own_on_main(s)) || px_tab_get(&s->by_up, n);
 }
 
 /* A frame on a channel the client has not opened. Where that number
@@ -562,13 +558,13 @@ int px_frames_client(px_session *s, const amqp_frame *f, uint8_t *raw,
 
 bool px_frames_awaits_idle(const px_session *s) {
   return px_life_conn_held(s) || s->phase == PX_PHASE_CLIENT_ANSWERED ||
-         s->phase == PX_PHASE_CLIENT_GONE || s->yield_requested;
+         s->phase == PX_PHASE_CLIENT_GONE || px_own_yield_pending(s);
 }
 
 void px_frames_retry_idle(px_session *s) {
   if (px_life_closed(s))
     return;
-  if (s->yield_requested && s->own_state == PX_OWN_READY)
+  if (px_own_yield_pending(s) && px_own_is_ready(s))
     px_own_yield_now(s);
   px_life_release_conn_hold(s); /* the client's own connection.close */
   if (s->phase == PX_PHASE_CLIENT_ANSWERED) /* rebound is shutting down */
@@ -614,7 +610,7 @@ static bool broker_quorum_dlx(const amqp_method *m) {
  * they go on the client's connection. */
 static void upstream_blocked(px_session *s, const amqp_frame *f, uint32_t id) {
   amqp_method m;
-  if ((s->srv->cfg->retry_shared || s->pub_failed) &&
+  if ((s->srv->cfg->retry_shared || px_own_pub_failed(s)) &&
       amqp_method_decode_flags(f->payload, &m, AMQP_DECODE_OPAQUE_TABLES) ==
           AMQP_OK)
     px_retry_blocked(s, id == AMQP_CONNECTION_BLOCKED,
@@ -706,7 +702,7 @@ static int own_frame(px_session *s, const amqp_frame *f) {
 }
 
 static int upstream_frame_closing(px_session *s, const amqp_frame *f) {
-  if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
+  if (f->channel != 0 && f->channel == px_own_ch(s) && px_own_on_main(s))
     return own_frame(s, f); /* confirms of copies in flight still count */
   if (f->type != AMQP_FRAME_METHOD || f->channel != 0)
     return PX_DROP;
@@ -797,7 +793,7 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
     return gone ? PX_DROP : PX_FORWARD;
   uint32_t id =
       f->type == AMQP_FRAME_METHOD ? amqp_method_peek_id(f->payload) : 0;
-  if (f->channel != 0 && f->channel == s->own_ch && px_own_on_main(s))
+  if (f->channel != 0 && f->channel == px_own_ch(s) && px_own_on_main(s))
     return own_frame(s, f);
   if (gone)
     return PX_DROP; /* only rebound's own traffic matters now */
@@ -825,7 +821,7 @@ upstream_frame(px_session *s, const amqp_frame *f, uint8_t *raw) {
 
 int px_frames_upstream(px_session *s, const amqp_frame *f, uint8_t *raw) {
   bool plain = !px_life_telling_client(s) && s->phase != PX_PHASE_CLIENT_GONE &&
-               f->channel != 0 && f->channel != s->own_ch;
+               f->channel != 0 && f->channel != px_own_ch(s);
   if (plain && (f->type == AMQP_FRAME_HEADER || f->type == AMQP_FRAME_BODY))
     return upstream_content_frame(s, f, raw);
   if (plain && f->type == AMQP_FRAME_METHOD &&

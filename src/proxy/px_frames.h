@@ -13,6 +13,7 @@
 #include "amqp.h"
 #include "px_chan.h"
 #include "px_life.h"
+#include "px_own.h"
 #include "px_queues.h"
 #include "px_server.h"
 #include "px_session.h"
@@ -79,7 +80,7 @@ static inline bool px_frames_upstream_plain(const px_session *s) {
  * those can change it). */
 static inline bool px_frames_upstream_short(px_session *s,
                                             const amqp_frame *f) {
-  if (f->channel == s->own_ch)
+  if (f->channel == px_own_ch(s))
     return false;
   px_chan *c = px_tab_find(&s->by_up, f->channel); /* channel 0: NULL */
   if (!c || c->up_ch != c->client_ch)

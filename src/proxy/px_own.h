@@ -11,7 +11,7 @@
  *                                                  reopened after the backoff
  *   yielded -> opening                             a client channel closed
  *
- * On the separate retry connection (own_on_pub) "opening" also covers the
+ * On the separate retry connection (own.on_pub) "opening" also covers the
  * connection's login.
  */
 #ifndef PX_OWN_H
@@ -50,6 +50,59 @@ typedef enum px_own_state {
 
 const char *px_own_state_name(int state);
 
+/* Its reopen timer calls `reopen_due` (the session's: px_own_reopen(),
+ * then the end of the event). */
+void px_own_init(px_session *s, px_timer_fn reopen_due);
+/* The session closes: no reopen, the retry connection no longer up. */
+void px_own_session_closed(px_session *s);
+/* Reopen it after `ms` (px_own_reopen() from the timer). */
+void px_own_reopen_after(px_session *s, uint32_t ms);
+/* The publish sequence of the next copy on it; undo the last one (a copy
+ * that was not sent). */
+uint64_t px_own_next_seq(px_session *s);
+void px_own_unseq(px_session *s);
+/* A copy was confirmed: the reopen backoff starts over. */
+void px_own_confirmed(px_session *s);
+/* Client channel `ch` (its generation `gen`) holds a requeue until the
+ * channel is reopened: false when no more can wait. */
+bool px_own_add_waiter(px_session *s, uint16_t ch, uint32_t gen);
+unsigned px_own_nwaiters(const px_session *s);
+/* May rebound give its channel's number up to a client that has taken
+ * every other (it lives on the client's connection, none waits yet)? */
+bool px_own_may_yield(const px_session *s);
+/* Give it up to client channel `ch`: now if it is ready and idle, else
+ * once it is. */
+void px_own_yield_to(px_session *s, uint16_t ch);
+
+/* Its number, its state, and what the others may know of it. */
+static inline uint16_t px_own_ch(const px_session *s) {
+  return s->own.ch;
+}
+static inline bool px_own_is_ready(const px_session *s) {
+  return s->own.state == PX_OWN_READY;
+}
+static inline bool px_own_opening(const px_session *s) {
+  return s->own.state == PX_OWN_OPENING || s->own.state == PX_OWN_SELECTING;
+}
+static inline bool px_own_yielded(const px_session *s) {
+  return s->own.state == PX_OWN_YIELDED;
+}
+static inline bool px_own_yield_pending(const px_session *s) {
+  return s->own.yield_requested;
+}
+/* The separate retry connection could not be used: on the client's. */
+static inline bool px_own_pub_failed(const px_session *s) {
+  return s->own.pub_failed;
+}
+/* The separate retry connection is logged in; rebound's channel is (being)
+ * opened there. */
+static inline bool px_own_pub_up(const px_session *s) {
+  return s->own.pub_ready;
+}
+static inline bool px_own_uses_pub(const px_session *s) {
+  return s->own.on_pub;
+}
+
 /* "host:port" of the session's upstream, tried or in use ("" before the
  * first): where the retry connection goes. */
 const char *px_own_upstream(const px_session *s);
@@ -69,7 +122,7 @@ void px_own_reopen(px_session *s);
 /* Where its frames go, for px_out.h: the client's upstream connection,
  * or NULL for the separate retry connection (px_pub.h). */
 static inline px_conn *px_own_sink(px_session *s) {
-  return s->own_on_pub ? NULL : &s->upstream;
+  return s->own.on_pub ? NULL : &s->upstream;
 }
 /* What the broker said on rebound's channel, for the retry path
  * (px_retry_own_event()): rebound's channel does not act on its copies

@@ -256,7 +256,7 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
       (amqp_bytes){(const uint8_t *)plan->target, plan->target_len};
   m.args[AMQP_F_QUEUE_DECLARE_DURABLE].u = 1;
   m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
-  px_out_status st = px_out_method(&s->out, px_own_sink(s), s->own_ch, &m);
+  px_out_status st = px_out_method(&s->out, px_own_sink(s), px_own_ch(s), &m);
   if (st == PX_OUT_OK)
     list_add(&s->declared, &s->ndeclared, plan->target);
   return st;
@@ -449,16 +449,17 @@ static int publish_copy(px_session *s, px_delivery *d,
   m.args[AMQP_F_BASIC_PUBLISH_MANDATORY].u = 1;
   px_out_status st = ensure_queue(s, delivery_rule(s, d), plan, px_dl_queue(d));
   if (st == PX_OUT_OK)
-    st = px_out_method(&s->out, sink, s->own_ch, &m);
+    st = px_out_method(&s->out, sink, px_own_ch(s), &m);
   if (st == PX_OUT_OK)
-    st = px_out_frame(&s->out, sink, AMQP_FRAME_HEADER, s->own_ch, frame,
+    st = px_out_frame(&s->out, sink, AMQP_FRAME_HEADER, px_own_ch(s), frame,
                       (size_t)n);
   free(frame);
   const uint8_t *body = px_dl_content(d) + d->header_len;
   size_t chunk = s->frame_max - AMQP_FRAME_OVERHEAD;
   for (uint64_t off = 0; st == PX_OUT_OK && off < d->body_len; off += chunk) {
     size_t k = d->body_len - off < chunk ? (size_t)(d->body_len - off) : chunk;
-    st = px_out_frame(&s->out, sink, AMQP_FRAME_BODY, s->own_ch, body + off, k);
+    st = px_out_frame(&s->out, sink, AMQP_FRAME_BODY, px_own_ch(s), body + off,
+                      k);
   }
   return st == PX_OUT_OK ? 0 : -1; /* a failure closes the session */
 }
@@ -484,7 +485,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   if (px_ring_reserve(&s->ops, sizeof(px_retry_op), PX_OPS_MAX) != 0)
     return -1;
   px_retry_op *op = px_ring_push(&s->ops, sizeof(px_retry_op));
-  op->seq = ++s->own_seq;
+  op->seq = px_own_next_seq(s);
   op->tag = d->tag;
   op->started_us = now_us(s);
   op->client_ch = c->client_ch;
@@ -509,7 +510,7 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
 /* Forget the newest op: its copy was never sent. */
 static void pop_newest_op(px_session *s) {
   s->ops.n--;
-  s->own_seq--;
+  px_own_unseq(s);
   if (s->ops.n == 0)
     px_timer_stop(&s->srv->clock, &s->retry_timer);
 }
@@ -639,7 +640,7 @@ static px_delivery *unpark_one(px_session *s, const px_defer *f, px_chan **cp) {
 /* No copy is in flight: the parked ones go now, in order (the first to a
  * new queue declares it; those after it may park again behind it). */
 static void unpark(px_session *s) {
-  if (s->parked.n == 0 || s->own_state != PX_OWN_READY || s->own_blocked)
+  if (s->parked.n == 0 || !px_own_is_ready(s) || s->own_blocked)
     return;
   px_ring todo = s->parked;
   s->parked = (px_ring){0};
@@ -665,8 +666,7 @@ static void unpark(px_session *s) {
 }
 
 bool px_retry_unpark(px_session *s) {
-  if (s->ops.n || !s->parked.n || s->own_state != PX_OWN_READY ||
-      s->own_blocked)
+  if (s->ops.n || !s->parked.n || !px_own_is_ready(s) || s->own_blocked)
     return false;
   unpark(s);
   return true;
@@ -741,7 +741,7 @@ void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
   uint64_t now = now_us(s);
   uint32_t at = 0;
   if (!shortest_ms || !px_life_is_open(s) || px_life_conn_held(s) ||
-      s->own_state != PX_OWN_READY || s->own_blocked)
+      !px_own_is_ready(s) || s->own_blocked)
     return;
   for (px_chan *c; (c = px_tab_next(&s->by_client, &at));)
     if (plain_channel(c)) /* held frames may hold the client's settle */
@@ -794,9 +794,9 @@ static void lost_scan(px_session *s) {
 }
 
 void px_retry_consumer_lost(px_session *s) {
-  if (s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING)
+  if (px_own_opening(s))
     s->lost_waiting = true; /* own_ready() scans */
-  else if (s->own_state == PX_OWN_READY && !s->own_blocked)
+  else if (px_own_is_ready(s) && !s->own_blocked)
     lost_scan(s);
   /* else the broker requeues them, uncounted, as it always did */
 }
@@ -1036,11 +1036,6 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
 static void own_ready(px_session *s);
 static void arm_defer_timer(px_session *s);
 
-static void reopen_at(px_session *s, uint64_t due_ms) {
-  s->own_reopen_ms = due_ms;
-  arm_defer_timer(s);
-}
-
 static px_defer *defer_at(const px_session *s, uint32_t i) {
   return px_ring_at(&s->defers, sizeof(px_defer), i);
 }
@@ -1061,7 +1056,7 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
 }
 
 static void arm_defer_timer(px_session *s) {
-  uint64_t next = s->own_reopen_ms ? s->own_reopen_ms : UINT64_MAX;
+  uint64_t next = UINT64_MAX;
   uint64_t now = now_ms(s);
   for (uint32_t i = 0; i < s->defers.n; i++)
     if (defer_at(s, i)->due_ms < next)
@@ -1136,7 +1131,7 @@ static bool refused_again(px_session *s, px_chan *c, px_delivery *d,
                           const px_defer *f) {
   uint64_t now = now_ms(s);
   if (!f->retry || !f->refused_ms || !d || d->state != PX_DL_DEFERRED ||
-      s->own_state != PX_OWN_READY || s->own_blocked || c->state != PX_CH_OPEN)
+      !px_own_is_ready(s) || s->own_blocked || c->state != PX_CH_OPEN)
     return false;
   d->state = PX_DL_CACHED;
   s->next_refused_ms = f->refused_ms;
@@ -1194,10 +1189,6 @@ void px_retry_defer_due(px_session *s) {
   for (uint32_t i = 0; i < due.n && !px_life_closed(s); i++)
     defer_fire(s, px_ring_at(&due, sizeof(px_defer), i));
   px_ring_free(&due);
-  if (s->own_reopen_ms && s->own_reopen_ms <= now && !px_life_closed(s)) {
-    s->own_reopen_ms = 0;
-    px_own_reopen(s);
-  }
   if (!px_life_closed(s))
     arm_defer_timer(s);
 }
@@ -1289,22 +1280,18 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
   requeue_range(c, tag, multiple, &from, &to);
   uint64_t uncached = 0; /* of intercepted queues, over the cache bound */
   bool any = requeue_any(c, from, to, &uncached);
-  bool reopening =
-      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
-  if (any && reopening && !(multiple && t->lost) && c->state == PX_CH_OPEN &&
-      s->n_own_waiters < sizeof s->own_waiters / sizeof s->own_waiters[0]) {
+  if (any && px_own_opening(s) && !(multiple && t->lost) &&
+      c->state == PX_CH_OPEN && px_own_add_waiter(s, c->client_ch, c->gen)) {
     /* rebound's channel is (re)opening: this requeue, and the channel's
      * later frames, wait for it rather than lose the retry */
-    s->own_waiters[s->n_own_waiters].ch = c->client_ch;
-    s->own_waiters[s->n_own_waiters++].gen = c->gen;
     c->held = true;
     return PX_HOLD;
   }
-  if (any && (s->own_state != PX_OWN_READY || s->own_blocked) &&
+  if (any && (!px_own_is_ready(s) || s->own_blocked) &&
       !(multiple && t->lost) && c->state == PX_CH_OPEN)
     return defer_range(s, c, from, to, is_reject, true,
                        s->own_blocked ? WHY(BLOCKED) : WHY(OWN_NOT_READY));
-  if (!any || s->own_state != PX_OWN_READY || (multiple && t->lost) ||
+  if (!any || !px_own_is_ready(s) || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
     if (any)
@@ -1369,7 +1356,7 @@ void px_retry_tx_end(px_session *s, px_chan *c, bool rollback) {
  * it) and the copy republished, once. */
 static bool republish(px_session *s, px_chan *c, px_delivery *d,
                       const px_retry_op *op) {
-  if (!op->returned || op->again || s->own_state != PX_OWN_READY)
+  if (!op->returned || op->again || !px_own_is_ready(s))
     return false;
   s->next_again = true; /* the new op, or the parked copy, is a republish */
   const char *why = try_retry(s, c, d, op->is_reject);
@@ -1511,7 +1498,7 @@ static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
 static void copies_confirmed(px_session *s, uint64_t seq, bool multiple,
                              bool ok) {
   if (ok)
-    s->own_failures = 0; /* the reopen backoff starts over */
+    px_own_confirmed(s);
   if (multiple) {
     finish_prefix(s, op_lower_bound(s, seq + 1), ok, WHY(NACKED));
     return;
@@ -1710,16 +1697,13 @@ static bool own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   finish_prefix(s, k, false, WHY(CHANNEL_LOST));
   finish_prefix(s, s->ops.n, false, WHY(DISCARDED));
   unpark_to_defers(s);
-  s->own_seq = 0;
   return adapted;
 }
 
 uint32_t px_retry_pending(const px_session *s) {
-  bool opening =
-      s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING;
   uint32_t n = s->ops.n + s->parked.n;
-  if (opening)
-    n += s->n_own_waiters + s->defers.n + s->lost_waiting;
+  if (px_own_opening(s))
+    n += px_own_nwaiters(s) + s->defers.n + s->lost_waiting;
   return n;
 }
 
@@ -1728,12 +1712,12 @@ uint32_t px_retry_pending(const px_session *s) {
 static void own_ready(px_session *s) {
   if (s->ops.n == 0)
     unpark(s);
-  if (s->lost_waiting && s->own_state == PX_OWN_READY && !s->own_blocked) {
+  if (s->lost_waiting && px_own_is_ready(s) && !s->own_blocked) {
     s->lost_waiting = false;
     lost_scan(s);
   }
   for (uint32_t i = 0;
-       i < s->defers.n && s->own_state == PX_OWN_READY && !s->own_blocked;) {
+       i < s->defers.n && px_own_is_ready(s) && !s->own_blocked;) {
     px_defer f = *defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f.client_ch);
     px_delivery *d = f.retry && c && c->gen == f.gen && c->state == PX_CH_OPEN
@@ -1775,7 +1759,7 @@ int px_retry_own_event(px_session *s, const px_own_event *ev) {
   case PX_OWN_EV_CLOSED: {
     uint32_t delay = px_own_closed(s, ev, own_lost(s, ev->code, ev->text));
     if (delay) {
-      reopen_at(s, now_ms(s) + delay);
+      px_own_reopen_after(s, delay);
       px_own_waiting(s);
     }
     break;
@@ -1793,6 +1777,6 @@ void px_retry_pub_lost(px_session *s, const char *why, amqp_bytes text) {
     own_lost(s, 0, text);
   px_retry_blocked(s, false, amqp_cstr(""), "retry connection");
   if (px_own_pub_lost_after(s, &l, why, text, &ms))
-    reopen_at(s, now_ms(s) + ms);
+    px_own_reopen_after(s, ms);
   px_own_waiting(s);
 }

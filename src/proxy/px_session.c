@@ -128,7 +128,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
   px_conn_close(&s->upstream);
   px_pub_close(s->out.pub);
   s->out.pub = NULL;
-  s->pub_ready = false;
+  px_own_session_closed(s);
   if (s->dial)
     px_dial_close(s->dial);
   /* unlink now: a closing session no longer counts or drains */
@@ -1091,6 +1091,11 @@ static void on_retry_deadline(px_timer *t) {
   session_flush(t->data);
 }
 
+static void on_own_reopen(px_timer *t) {
+  px_own_reopen(t->data);
+  session_flush(t->data);
+}
+
 static void on_defer_timer(px_timer *t) {
   px_retry_defer_due(t->data);
   session_flush(t->data);
@@ -1141,6 +1146,7 @@ static px_session *session_alloc(px_server *srv) {
   px_timer_init(&s->timer, on_phase_timer, s);
   px_timer_init(&s->retry_timer, on_retry_deadline, s);
   px_timer_init(&s->defer_timer, on_defer_timer, s);
+  px_own_init(s, on_own_reopen);
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
   return s;
@@ -1238,10 +1244,10 @@ void px_session_snapshot(const px_session *s, px_session_snap *out) {
       .retries_pending = s->ops.n,
       .requeues_delayed = s->defers.n,
       .cache_bytes = s->cache_bytes,
-      .retry_connection = s->pub_ready    ? "separate"
-                          : s->own_on_pub ? "opening"
-                                          : "shared",
-      .retry_connection_open = s->pub_ready,
+      .retry_connection = px_own_pub_up(s)     ? "separate"
+                          : px_own_uses_pub(s) ? "opening"
+                                               : "shared",
+      .retry_connection_open = px_own_pub_up(s),
       .blocked = s->own_blocked,
       .upstream_connected = s->upstream.connected,
   };

@@ -187,27 +187,38 @@ typedef struct px_session {
   uint32_t nchans;
   uint32_t chan_gen;
 
-  uint16_t own_ch;
-  uint8_t own_state;      /* px_own_state (px_own.h) */
-  uint8_t own_failures;   /* closes of rebound's channel since a copy was
-                             last confirmed: the reopen backoff */
+  /* rebound's channel: px_own.c's alone, every other module goes
+   * through px_own.h (tools/struct_owners.py --check) */
+  struct {
+    uint16_t ch;
+    uint8_t state;    /* px_own_state (px_own.h) */
+    uint8_t failures; /* closes since a copy was last confirmed: the
+                         reopen backoff */
+    /* retry_connection separate (px_pub.h): rebound's channel on a
+     * connection of its own, logged in as the client */
+    bool on_pub;           /* it is (or is being) opened on pub */
+    bool pub_ready;        /* pub is logged in */
+    bool pub_failed;       /* logging in there failed: on the client's now */
+    bool pub_was_up;       /* pub logged in at least once */
+    uint8_t pub_misses;    /* logins failed in a row since pub was last up */
+    uint16_t yield_waiter; /* client channel waiting for its number */
+    bool yield_requested;  /* close it once it is ready */
+    uint64_t seq;          /* publish sequence on it */
+    px_timer reopen;       /* reopen after the backoff */
+    /* client channels whose requeue waits for it to reopen */
+    struct {
+      uint16_t ch;
+      uint32_t gen;
+    } waiters[16];
+    unsigned nwaiters;
+  } own;
   bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
-  /* retry_connection separate (px_pub.h): rebound's channel on a
-   * connection of its own, logged in as the client */
-  bool own_on_pub;    /* rebound's channel is (or is being) opened on pub */
-  bool pub_ready;     /* pub is logged in */
-  bool pub_failed;    /* logging in there failed: on the client's from now */
-  bool pub_was_up;    /* pub logged in at least once */
-  uint8_t pub_misses; /* logins failed in a row since pub was last up */
-  bool own_blocked;   /* the broker blocks the connection of rebound's
-                         channel (resource alarm) */
+  bool own_blocked;       /* the broker blocks the connection of rebound's
+                             channel (resource alarm) */
   uint64_t blocked_since_ms;
   uint8_t *login_auth;  /* the client's start-ok mechanism, response and */
   uint8_t *login_vhost; /* locale, and open's vhost (login's views) */
   px_pub_login login;
-  uint64_t own_reopen_ms; /* when to reopen rebound's channel (0: no) */
-  uint16_t yield_waiter;  /* client channel waiting for own_ch's number */
-  bool yield_requested;   /* close own channel once it is ready */
 
   /* retry path (px_retry.c) */
   px_ring ops;    /* px_retry_op: copies awaiting the broker's confirm,
@@ -216,8 +227,7 @@ typedef struct px_session {
   px_ring parked; /* px_defer: copies whose queue must be declared first,
                      waiting for no copy to be in flight (px_retry.c) */
   px_timer defer_timer;
-  uint64_t own_seq; /* publish sequence on rebound's channel */
-  char **declared;  /* tier/DLQ queues declared on this connection */
+  char **declared; /* tier/DLQ queues declared on this connection */
   uint32_t ndeclared;
   char **broken; /* queues whose declare failed (pass-through) */
   uint32_t nbroken;
@@ -235,12 +245,6 @@ typedef struct px_session {
    * dispatched (its amqp_frame has payload.ptr NULL and the whole length;
    * px_frames.h) */
   amqp_bytes split[2];
-  /* client channels whose requeue waits for rebound's channel to reopen */
-  struct {
-    uint16_t ch;
-    uint32_t gen;
-  } own_waiters[16];
-  unsigned n_own_waiters;
   px_ring relq;       /* px_release: channels whose held frames are due */
   bool idle_due;      /* copies finished, or rebound's channel closed: once
                          nothing is pending, px_frames_retry_idle() runs */

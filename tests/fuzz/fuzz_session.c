@@ -153,11 +153,17 @@ static uint32_t be32(const uint8_t *p) {
 static bool own_on_main(const px_session *s) {
   return px_own_on_main(s);
 }
+static uint16_t own_ch_of(const px_session *s) {
+  return px_own_ch(s);
+}
 #else
 static bool own_on_main(const px_session *s) {
   return !s->own_on_pub &&
          (s->own_state == PX_OWN_OPENING || s->own_state == PX_OWN_SELECTING ||
           s->own_state == PX_OWN_READY || s->own_state == PX_OWN_CLOSING);
+}
+static uint16_t own_ch_of(const px_session *s) {
+  return s->own_ch;
 }
 #endif
 
@@ -167,7 +173,7 @@ static void before_feed(void *ctx, fake_conn *f, const fake_piece *k) {
   px_session *s = z->h->s;
   (void)f;
   z->watch = k->tag > 1 && s && !px_life_telling_client(s) && own_on_main(s) &&
-             s->own_ch == (uint16_t)(k->tag - 1) && z->whole[H_CLIENT];
+             own_ch_of(s) == (uint16_t)(k->tag - 1) && z->whole[H_CLIENT];
   z->client_mark = z->h->peer[H_CLIENT].log_len;
 }
 
@@ -257,10 +263,11 @@ static void send_method(harness *h, h_side from, uint16_t ch, uint32_t id) {
 static void scripted_open(harness *h, uint8_t flags) {
   static const uint16_t channel_max[4] = {2047, 2, 3, 10};
   h_open_unchecked(h, channel_max[flags >> 1 & 3], flags & 8 ? 4096 : 131072);
-  if (h->s && h->s->own_ch && own_on_main(h->s)) {
-    send_method(h, H_BROKER, h->s->own_ch, AMQP_CHANNEL_OPEN_OK);
+  if (h->s && own_ch_of(h->s) && own_on_main(h->s)) {
+    uint16_t own = own_ch_of(h->s);
+    send_method(h, H_BROKER, own, AMQP_CHANNEL_OPEN_OK);
     if (h->s)
-      send_method(h, H_BROKER, h->s->own_ch, AMQP_CONFIRM_SELECT_OK);
+      send_method(h, H_BROKER, own, AMQP_CONFIRM_SELECT_OK);
   }
   if ((flags & 16) && h->s) {
     uint16_t up = 1;
