@@ -33,8 +33,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 echo "== unit and integration tests"
+# Most integration tests wait on the broker (TTLs, confirms) far more than
+# they compute: twice as many side by side as there are cores, the
+# heaviest counted as two (tests/CMakeLists.txt, PROCESSORS).
 status=0
-ctest --test-dir "$build/asan" --output-on-failure -j "$jobs" || status=1
+ctest --test-dir "$build/asan" --output-on-failure -j $((2 * jobs)) ||
+  status=1
 
 echo "== build without sanitizers in $build/valgrind"
 cmake -S . -B "$build/valgrind" -DCMAKE_BUILD_TYPE=Debug -DREBOUND_BENCH=OFF \
