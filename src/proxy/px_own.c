@@ -274,11 +274,15 @@ px_own_event px_own_frame(px_session *s, const amqp_frame *f) {
     ev.kind = PX_OWN_EV_READY;
     return ev;
   case AMQP_BASIC_ACK:
+    ev.kind = PX_OWN_EV_CONFIRM;
+    ev.ok = true;
+    ev.seq = m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u;
+    ev.multiple = m.args[AMQP_F_BASIC_ACK_MULTIPLE].u;
+    return ev;
   case AMQP_BASIC_NACK:
     ev.kind = PX_OWN_EV_CONFIRM;
-    ev.ok = m.id == AMQP_BASIC_ACK;
-    ev.seq = m.args[AMQP_F_BASIC_ACK_DELIVERY_TAG].u; /* nack's are alike */
-    ev.multiple = m.args[AMQP_F_BASIC_ACK_MULTIPLE].u;
+    ev.seq = m.args[AMQP_F_BASIC_NACK_DELIVERY_TAG].u;
+    ev.multiple = m.args[AMQP_F_BASIC_NACK_MULTIPLE].u;
     return ev;
   case AMQP_BASIC_RETURN:
     ev.kind = PX_OWN_EV_RETURNED;
