@@ -117,7 +117,7 @@ void px_own_open(px_session *s);
 void px_own_yield_now(px_session *s);
 /* A delivery is kept for retry: make sure it is (being) opened. */
 void px_own_want(px_session *s);
-/* Its reopen time has come (px_retry_reopen_at()). */
+/* Its reopen time has come (px_own_reopen_after()). */
 void px_own_reopen(px_session *s);
 /* Where its frames go, for px_out.h: the client's upstream connection,
  * or NULL for the separate retry connection (px_pub.h). */

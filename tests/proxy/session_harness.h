@@ -17,9 +17,9 @@
  * and lines are consumed as they are checked, in order. A pattern ending
  * in '*' matches any line starting with what comes before it.
  *
- * Timers run on the real loop: short timeouts in the config, and
- * h_wait_*() run the loop until what is expected shows up or a generous
- * deadline passes (nothing is asserted on how long it took).
+ * The session's timers run on a clock the harness sets by hand
+ * (px_clock.h): time passes only in h_wait_*(), from one deadline to the
+ * next, so a timeout of minutes is tested at once.
  *
  * Failures go to a handler (h_on_fail): a cmocka test fails the test; the
  * default prints and aborts (the fuzz target's invariant checks).
