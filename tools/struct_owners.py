@@ -40,7 +40,7 @@ def fields_of(header, name):
     if not m:
         sys.exit("no struct %s in %s" % (name, header))
     i, depth, start = m.end(), 1, m.end()
-    members, cur = [], ""
+    members, nested = [], False
     while depth:
         c = text[i]
         if c == "{":
@@ -48,18 +48,18 @@ def fields_of(header, name):
         elif c == "}":
             depth -= 1
         if depth == 1 and c == ";":
-            members.append(text[start:i])
-            start = i + 1
+            members.append((text[start:i], nested))
+            start, nested = i + 1, False
         elif depth == 1 and c == "}":
-            start = i + 1
+            start, nested = i + 1, True  # the names of a nested struct
         i += 1
     out = []
-    for decl in members:
+    for decl, after_brace in members:
         decl = " ".join(decl.split())
         if not decl:
             continue
-        if decl.startswith("}"):  # the name after a nested struct's brace
-            names = decl[1:]
+        if after_brace:
+            names = re.sub(r"\[[^\]]*\]", "", decl)
             is_bool = False
         else:
             names = re.sub(r"\[[^\]]*\]", "", decl)
