@@ -100,7 +100,8 @@ def main():
     # is called by whoever calls that field ("->confirm(")
     fields = {}
     for f in files:
-        for field, name in re.findall(r"\.(\w+)\s*=\s*(px_\w+)\b", text[f]):
+        for field, name in re.findall(
+                r"\.(\w+)\s*=\s*(px_\w+)\b(?!\s*\()", text[f]):
             if defined.get(name):
                 fields.setdefault(field, set()).add(defined[name])
     for f in files:

@@ -75,7 +75,7 @@ def fields_of(header, name):
 
 
 # px_session fields that one module owns: {field: owner file}.
-OWNED = {"own": "px_own.c"}
+OWNED = {"own": "px_own.c", "retry": "px_retry.c"}
 
 
 def check():

@@ -143,7 +143,7 @@ static int client_channel_open(px_session *s, uint16_t ch, uint8_t *raw,
   c->held = true;
   c->open_held = true;
   s->nchans++;
-  px_own_yield_to(s, ch);
+  px_own_yield_to(s, ch, px_retry_in_flight(s) == 0);
   *hold_chan = c;
   return PX_HOLD;
 }

@@ -75,9 +75,9 @@ bool px_own_may_yield(const px_session *s) {
   return px_own_on_main(s) && !s->own.yield_waiter;
 }
 
-void px_own_yield_to(px_session *s, uint16_t ch) {
+void px_own_yield_to(px_session *s, uint16_t ch, bool idle) {
   s->own.yield_waiter = ch;
-  if (s->own.state == PX_OWN_READY && s->ops.n == 0)
+  if (s->own.state == PX_OWN_READY && idle)
     px_own_yield_now(s);
   else if (s->own.state != PX_OWN_CLOSING)
     s->own.yield_requested = true;
@@ -298,8 +298,8 @@ px_own_event px_own_frame(px_session *s, const amqp_frame *f) {
   }
 }
 
-void px_own_after_ready(px_session *s) {
-  if (s->own.yield_requested && s->ops.n == 0)
+void px_own_after_ready(px_session *s, bool idle) {
+  if (s->own.yield_requested && idle)
     px_own_yield_now(s);
 }
 

@@ -70,9 +70,9 @@ unsigned px_own_nwaiters(const px_session *s);
 /* May rebound give its channel's number up to a client that has taken
  * every other (it lives on the client's connection, none waits yet)? */
 bool px_own_may_yield(const px_session *s);
-/* Give it up to client channel `ch`: now if it is ready and idle, else
- * once it is. */
-void px_own_yield_to(px_session *s, uint16_t ch);
+/* Give it up to client channel `ch`: now if it is ready and `idle` (no
+ * copy in flight), else once it is. */
+void px_own_yield_to(px_session *s, uint16_t ch, bool idle);
 
 /* Its number, its state, and what the others may know of it. */
 static inline uint16_t px_own_ch(const px_session *s) {
@@ -149,8 +149,9 @@ typedef struct px_own_event {
 /* A frame for it from the broker (client's connection or retry
  * connection): handled as far as the channel goes, the rest returned. */
 px_own_event px_own_frame(px_session *s, const amqp_frame *f);
-/* After a READY was handled: a yield asked for meanwhile happens now. */
-void px_own_after_ready(px_session *s);
+/* After a READY was handled: a yield asked for meanwhile happens now, if
+ * `idle` (no copy in flight). */
+void px_own_after_ready(px_session *s, bool idle);
 /* After a CLOSED was handled (`adapted`: the close only taught rebound a
  * queue's type): close-ok, then the channel is handed over, reopened at
  * once, or (the delay returned, not 0) to be reopened after a backoff,

@@ -158,7 +158,7 @@ static void list_free(char ***list, uint32_t *n) {
 #define PX_OPS_MAX (1u << 24)
 
 static px_retry_op *op_at(const px_session *s, uint32_t i) {
-  return px_ring_at(&s->ops, sizeof(px_retry_op), i);
+  return px_ring_at(&s->retry.ops, sizeof(px_retry_op), i);
 }
 
 static uint64_t op_seq(const void *op) {
@@ -166,12 +166,12 @@ static uint64_t op_seq(const void *op) {
 }
 
 void px_retry_free(px_session *s) {
-  px_ring_free(&s->parked);
-  list_free(&s->alt_declared, &s->nalt_declared);
-  px_ring_free(&s->ops);
-  px_ring_free(&s->defers);
-  list_free(&s->declared, &s->ndeclared);
-  list_free(&s->broken, &s->nbroken);
+  px_ring_free(&s->retry.parked);
+  list_free(&s->retry.alt_declared, &s->retry.nalt_declared);
+  px_ring_free(&s->retry.ops);
+  px_ring_free(&s->retry.defers);
+  list_free(&s->retry.declared, &s->retry.ndeclared);
+  list_free(&s->retry.broken, &s->retry.nbroken);
 }
 
 /* ---- sending ---------------------------------------------------------------
@@ -229,15 +229,15 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
   amqp_writer w = amqp_writer_make(args, sizeof args);
   amqp_method m;
 
-  if (in_list(s->declared, s->ndeclared, plan->target))
+  if (in_list(s->retry.declared, s->retry.ndeclared, plan->target))
     return PX_OUT_OK;
   if (as_is(s, plan->target)) { /* exists: as good as declared */
-    list_add(&s->declared, &s->ndeclared, plan->target);
+    list_add(&s->retry.declared, &s->retry.ndeclared, plan->target);
     return PX_OUT_OK;
   }
   bool quorum = declare_quorum(s, rule, plan->target);
   if (alt_type(s, plan->target)) /* what a 406 to it then means */
-    list_add(&s->alt_declared, &s->nalt_declared, plan->target);
+    list_add(&s->retry.alt_declared, &s->retry.nalt_declared, plan->target);
   if (quorum)
     put_string(&w, "x-queue-type", "quorum");
   if (plan->action == RETRY_REPUBLISH) {
@@ -258,7 +258,7 @@ static px_out_status ensure_queue(px_session *s, const retry_rule *rule,
   m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b = (amqp_bytes){args, w.len};
   px_out_status st = px_out_method(&s->out, px_own_sink(s), px_own_ch(s), &m);
   if (st == PX_OUT_OK)
-    list_add(&s->declared, &s->ndeclared, plan->target);
+    list_add(&s->retry.declared, &s->retry.ndeclared, plan->target);
   return st;
 }
 
@@ -469,22 +469,22 @@ static int publish_copy(px_session *s, px_delivery *d,
 
 static void arm_deadline(px_session *s) {
   uint64_t timeout_ms = s->srv->cfg->retry_confirm_timeout_ms;
-  if (s->ops.n == 0 || s->own_blocked) { /* blocked: px_retry_blocked
+  if (s->retry.ops.n == 0 || s->retry.blocked) { /* blocked: px_retry_blocked
                                             re-arms it when that ends */
-    px_timer_stop(&s->srv->clock, &s->retry_timer);
+    px_timer_stop(&s->srv->clock, &s->retry.deadline);
     return;
   }
   uint64_t due_us = op_at(s, 0)->started_us + timeout_ms * 1000;
   uint64_t now = now_us(s);
-  px_timer_start(&s->srv->clock, &s->retry_timer,
+  px_timer_start(&s->srv->clock, &s->retry.deadline,
                  due_us > now ? (due_us - now + 999) / 1000 : 0);
 }
 
 static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
                    const retry_plan *plan, bool is_reject, const char *reason) {
-  if (px_ring_reserve(&s->ops, sizeof(px_retry_op), PX_OPS_MAX) != 0)
+  if (px_ring_reserve(&s->retry.ops, sizeof(px_retry_op), PX_OPS_MAX) != 0)
     return -1;
-  px_retry_op *op = px_ring_push(&s->ops, sizeof(px_retry_op));
+  px_retry_op *op = px_ring_push(&s->retry.ops, sizeof(px_retry_op));
   op->seq = px_own_next_seq(s);
   op->tag = d->tag;
   op->started_us = now_us(s);
@@ -492,8 +492,8 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->gen = c->gen;
   op->is_reject = is_reject;
   op->returned = false;
-  op->again = s->next_again;
-  op->refused_ms = s->next_refused_ms;
+  op->again = s->retry.next_again;
+  op->refused_ms = s->retry.next_refused_ms;
   op->dead_letter = plan->action == RETRY_DEAD_LETTER;
   op->attempt = plan->attempt;
   op->reason = reason;
@@ -502,17 +502,17 @@ static int push_op(px_session *s, const px_chan *c, const px_delivery *d,
   op->delay_ms = plan->action == RETRY_REPUBLISH ? plan->delay_ms : 0;
   if (retry_delay_format(plan->delay_ms, op->tier, sizeof op->tier) < 0)
     op->tier[0] = '\0';
-  if (s->ops.n == 1)
+  if (s->retry.ops.n == 1)
     arm_deadline(s);
   return 0;
 }
 
 /* Forget the newest op: its copy was never sent. */
 static void pop_newest_op(px_session *s) {
-  s->ops.n--;
+  s->retry.ops.n--;
   px_own_unseq(s);
-  if (s->ops.n == 0)
-    px_timer_stop(&s->srv->clock, &s->retry_timer);
+  if (s->retry.ops.n == 0)
+    px_timer_stop(&s->srv->clock, &s->retry.deadline);
 }
 
 /* The retry count header: -1 when absent, -2 when not a non-negative
@@ -591,17 +591,18 @@ static const retry_rule *delivery_rule(px_session *s, const px_delivery *d) {
  * until then the copy waits ("parked"), and so does every later one (in
  * order). It costs a confirm's round trip once per queue and connection. */
 static bool must_park(const px_session *s, const char *target) {
-  return s->parked.n > 0 ||
-         (s->ops.n > 0 && !in_list(s->declared, s->ndeclared, target));
+  return s->retry.parked.n > 0 ||
+         (s->retry.ops.n > 0 &&
+          !in_list(s->retry.declared, s->retry.ndeclared, target));
 }
 
 static int park(px_session *s, const px_chan *c, const px_delivery *d,
                 bool is_reject) {
-  if (px_ring_reserve(&s->parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
+  if (px_ring_reserve(&s->retry.parked, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return -1;
-  *(px_defer *)px_ring_push(&s->parked, sizeof(px_defer)) =
-      (px_defer){0,     d->tag, c->client_ch,  c->gen, is_reject,
-                 false, true,   s->next_again, NULL,   s->next_refused_ms};
+  *(px_defer *)px_ring_push(&s->retry.parked, sizeof(px_defer)) = (px_defer){
+      0,     d->tag, c->client_ch,        c->gen, is_reject,
+      false, true,   s->retry.next_again, NULL,   s->retry.next_refused_ms};
   return 0;
 }
 
@@ -640,21 +641,21 @@ static px_delivery *unpark_one(px_session *s, const px_defer *f, px_chan **cp) {
 /* No copy is in flight: the parked ones go now, in order (the first to a
  * new queue declares it; those after it may park again behind it). */
 static void unpark(px_session *s) {
-  if (s->parked.n == 0 || !px_own_is_ready(s) || s->own_blocked)
+  if (s->retry.parked.n == 0 || !px_own_is_ready(s) || s->retry.blocked)
     return;
-  px_ring todo = s->parked;
-  s->parked = (px_ring){0};
+  px_ring todo = s->retry.parked;
+  s->retry.parked = (px_ring){0};
   for (uint32_t i = 0; i < todo.n && !px_life_closed(s); i++) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
     px_delivery *d = unpark_one(s, f, &c);
     if (!d)
       continue; /* the channel went: the broker requeued it */
-    s->next_again = f->again;
-    s->next_refused_ms = f->refused_ms;
+    s->retry.next_again = f->again;
+    s->retry.next_refused_ms = f->refused_ms;
     const char *why = try_retry(s, c, d, f->is_reject);
-    s->next_again = false;
-    s->next_refused_ms = 0;
+    s->retry.next_again = false;
+    s->retry.next_refused_ms = 0;
     if (why && (d->flags & PX_DLF_TIMING_OUT))
       timeout_abandoned(s, c, d, why);
     else if (why)
@@ -666,7 +667,8 @@ static void unpark(px_session *s) {
 }
 
 bool px_retry_unpark(px_session *s) {
-  if (s->ops.n || !s->parked.n || !px_own_is_ready(s) || s->own_blocked)
+  if (s->retry.ops.n || !s->retry.parked.n || !px_own_is_ready(s) ||
+      s->retry.blocked)
     return false;
   unpark(s);
   return true;
@@ -676,8 +678,8 @@ bool px_retry_unpark(px_session *s) {
  * held back for it (retried when it is back, else requeued after their
  * tier delay), so none waits for a channel that may never return. */
 static void unpark_to_defers(px_session *s) {
-  px_ring todo = s->parked;
-  s->parked = (px_ring){0};
+  px_ring todo = s->retry.parked;
+  s->retry.parked = (px_ring){0};
   for (uint32_t i = 0; i < todo.n; i++) {
     px_defer *f = px_ring_at(&todo, sizeof(px_defer), i);
     px_chan *c;
@@ -741,7 +743,7 @@ void px_retry_timeouts(px_session *s, uint32_t shortest_ms) {
   uint64_t now = now_us(s);
   uint32_t at = 0;
   if (!shortest_ms || !px_life_is_open(s) || px_life_conn_held(s) ||
-      !px_own_is_ready(s) || s->own_blocked)
+      !px_own_is_ready(s) || s->retry.blocked)
     return;
   for (px_chan *c; (c = px_tab_next(&s->by_client, &at));)
     if (plain_channel(c)) /* held frames may hold the client's settle */
@@ -795,8 +797,8 @@ static void lost_scan(px_session *s) {
 
 void px_retry_consumer_lost(px_session *s) {
   if (px_own_opening(s))
-    s->lost_waiting = true; /* own_ready() scans */
-  else if (px_own_is_ready(s) && !s->own_blocked)
+    s->retry.lost_waiting = true; /* own_ready() scans */
+  else if (px_own_is_ready(s) && !s->retry.blocked)
     lost_scan(s);
   /* else the broker requeues them, uncounted, as it always did */
 }
@@ -804,9 +806,9 @@ void px_retry_consumer_lost(px_session *s) {
 /* A client's settle of deliveries rebound acked for a timeout. */
 static void swallowed(px_session *s, px_chan *c, uint64_t tag, uint32_t n) {
   s->srv->stats.late_settles_swallowed += n;
-  if (s->late_settle_logged || !n)
+  if (s->retry.late_settle_logged || !n)
     return;
-  s->late_settle_logged = true;
+  s->retry.late_settle_logged = true;
   px_info("late_settle_swallowed", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_U("channel", c->client_ch), PX_U("delivery_tag", tag),
           PX_S("reason", "rebound acked it at its processing timeout; "
@@ -960,7 +962,8 @@ static bool tier_refused(px_session *s, const retry_rule *rule, const char *q,
   char dlq[RETRY_NAME_MAX + 1];
   uint64_t unlogged;
   int n = retry_dlq_name(rule, q, strlen(q), dlq, sizeof dlq);
-  if (n < 0 || in_list(s->broken, s->nbroken, dlq)) /* no end there either */
+  if (n < 0 ||
+      in_list(s->retry.broken, s->retry.nbroken, dlq)) /* no end there either */
     return false;
   if (px_log_limit_pass(&limit, now_ms(s), &unlogged))
     px_warn("retry_tier_refused", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -1000,10 +1003,10 @@ static const char *try_retry(px_session *s, px_chan *c, px_delivery *d,
   }
   const char *reason = failure_reason(d);
   if (plan.action == RETRY_REPUBLISH &&
-      in_list(s->broken, s->nbroken, plan.target) &&
+      in_list(s->retry.broken, s->retry.nbroken, plan.target) &&
       tier_refused(s, rule, q, &plan))
     reason = PX_DEAD_TIER_REFUSED;
-  if (in_list(s->broken, s->nbroken, plan.target)) {
+  if (in_list(s->retry.broken, s->retry.nbroken, plan.target)) {
     px_metrics_inc(s->srv, PX_M_PASSTHROUGH, PX_PASS_REFUSED, NULL);
     return PX_PASS_REFUSED;
   }
@@ -1037,7 +1040,7 @@ static void own_ready(px_session *s);
 static void arm_defer_timer(px_session *s);
 
 static px_defer *defer_at(const px_session *s, uint32_t i) {
-  return px_ring_at(&s->defers, sizeof(px_defer), i);
+  return px_ring_at(&s->retry.defers, sizeof(px_defer), i);
 }
 
 /* The delay a requeue of `d` waits: the tier its next attempt would have
@@ -1058,13 +1061,13 @@ static uint32_t defer_delay(px_session *s, const px_delivery *d) {
 static void arm_defer_timer(px_session *s) {
   uint64_t next = UINT64_MAX;
   uint64_t now = now_ms(s);
-  for (uint32_t i = 0; i < s->defers.n; i++)
+  for (uint32_t i = 0; i < s->retry.defers.n; i++)
     if (defer_at(s, i)->due_ms < next)
       next = defer_at(s, i)->due_ms;
   if (next == UINT64_MAX)
-    px_timer_stop(&s->srv->clock, &s->defer_timer);
+    px_timer_stop(&s->srv->clock, &s->retry.defer);
   else
-    px_timer_start_at(&s->srv->clock, &s->defer_timer, next > now ? next : now);
+    px_timer_start_at(&s->srv->clock, &s->retry.defer, next > now ? next : now);
 }
 
 static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
@@ -1085,13 +1088,13 @@ static void log_deferred(px_session *s, const px_delivery *d, uint32_t ms,
 static bool defer_requeue(px_session *s, px_chan *c, px_delivery *d,
                           bool is_reject, bool retry, const char *why,
                           uint64_t refused_ms) {
-  if (px_ring_reserve(&s->defers, sizeof(px_defer), PX_DEFERS_MAX) != 0)
+  if (px_ring_reserve(&s->retry.defers, sizeof(px_defer), PX_DEFERS_MAX) != 0)
     return false;
   uint32_t ms = defer_delay(s, d);
-  px_defer *f = px_ring_push(&s->defers, sizeof(px_defer));
+  px_defer *f = px_ring_push(&s->retry.defers, sizeof(px_defer));
   /* while the broker blocks publishing, a retry waits for it to unblock
    * (then it is counted), however long that takes */
-  uint64_t due = retry && s->own_blocked ? PX_DUE_UNBLOCKED : now_ms(s) + ms;
+  uint64_t due = retry && s->retry.blocked ? PX_DUE_UNBLOCKED : now_ms(s) + ms;
   *f = (px_defer){due,   d->tag, c->client_ch, c->gen, is_reject,
                   retry, !retry, false,        why,    refused_ms};
   d->state = PX_DL_DEFERRED;
@@ -1131,12 +1134,12 @@ static bool refused_again(px_session *s, px_chan *c, px_delivery *d,
                           const px_defer *f) {
   uint64_t now = now_ms(s);
   if (!f->retry || !f->refused_ms || !d || d->state != PX_DL_DEFERRED ||
-      !px_own_is_ready(s) || s->own_blocked || c->state != PX_CH_OPEN)
+      !px_own_is_ready(s) || s->retry.blocked || c->state != PX_CH_OPEN)
     return false;
   d->state = PX_DL_CACHED;
-  s->next_refused_ms = f->refused_ms;
+  s->retry.next_refused_ms = f->refused_ms;
   const char *why = try_retry(s, c, d, f->is_reject);
-  s->next_refused_ms = 0;
+  s->retry.next_refused_ms = 0;
   if (why) {
     d->state = PX_DL_DEFERRED;
     return false;
@@ -1174,7 +1177,7 @@ void px_retry_defer_due(px_session *s) {
   uint64_t now = now_ms(s);
   px_ring due = {0};
   /* take the due ones out first: releasing held frames may defer more */
-  for (uint32_t i = 0; i < s->defers.n;) {
+  for (uint32_t i = 0; i < s->retry.defers.n;) {
     px_defer *f = defer_at(s, i);
     if (f->due_ms > now) {
       i++;
@@ -1183,8 +1186,8 @@ void px_retry_defer_due(px_session *s) {
     if (px_ring_reserve(&due, sizeof(px_defer), PX_DEFERS_MAX) != 0)
       break; /* out of memory: the rest wait for the next tick */
     *(px_defer *)px_ring_push(&due, sizeof(px_defer)) = *f;
-    *f = *defer_at(s, s->defers.n - 1); /* order does not matter */
-    s->defers.n--;
+    *f = *defer_at(s, s->retry.defers.n - 1); /* order does not matter */
+    s->retry.defers.n--;
   }
   for (uint32_t i = 0; i < due.n && !px_life_closed(s); i++)
     defer_fire(s, px_ring_at(&due, sizeof(px_defer), i));
@@ -1287,10 +1290,10 @@ int px_retry_requeue(px_session *s, px_chan *c, const amqp_method *m) {
     c->held = true;
     return PX_HOLD;
   }
-  if (any && (!px_own_is_ready(s) || s->own_blocked) &&
+  if (any && (!px_own_is_ready(s) || s->retry.blocked) &&
       !(multiple && t->lost) && c->state == PX_CH_OPEN)
     return defer_range(s, c, from, to, is_reject, true,
-                       s->own_blocked ? WHY(BLOCKED) : WHY(OWN_NOT_READY));
+                       s->retry.blocked ? WHY(BLOCKED) : WHY(OWN_NOT_READY));
   if (!any || !px_own_is_ready(s) || (multiple && t->lost) ||
       c->state != PX_CH_OPEN) {
     s->srv->stats.uncached_nacks += uncached;
@@ -1358,9 +1361,10 @@ static bool republish(px_session *s, px_chan *c, px_delivery *d,
                       const px_retry_op *op) {
   if (!op->returned || op->again || !px_own_is_ready(s))
     return false;
-  s->next_again = true; /* the new op, or the parked copy, is a republish */
+  s->retry.next_again =
+      true; /* the new op, or the parked copy, is a republish */
   const char *why = try_retry(s, c, d, op->is_reject);
-  s->next_again = false;
+  s->retry.next_again = false;
   if (why)
     return false;
   px_info("retry_republished", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -1473,14 +1477,14 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
     return;
   px_retry_op one, *done = n == 1 ? &one : malloc((size_t)n * sizeof *done);
   if (!done) { /* out of memory: one at a time, each copied on the stack */
-    for (uint32_t i = 0; i < n && s->ops.n; i++)
+    for (uint32_t i = 0; i < n && s->retry.ops.n; i++)
       finish_prefix(s, 1, ok, why);
     return;
   }
   /* copy first: finishing may release held frames that start new ops */
   for (uint32_t i = 0; i < n; i++)
     done[i] = *op_at(s, i);
-  px_ring_drop(&s->ops, n);
+  px_ring_drop(&s->retry.ops, n);
   arm_deadline(s);
   for (uint32_t i = 0; i < n; i++)
     finish(s, &done[i], ok && !done[i].returned,
@@ -1492,7 +1496,7 @@ static void finish_prefix(px_session *s, uint32_t n, bool ok, const char *why) {
 
 /* Index of the first op whose seq is >= `seq` (ops.n when none). */
 static uint32_t op_lower_bound(const px_session *s, uint64_t seq) {
-  return px_ring_lower_bound(&s->ops, sizeof(px_retry_op), seq, op_seq);
+  return px_ring_lower_bound(&s->retry.ops, sizeof(px_retry_op), seq, op_seq);
 }
 
 static void copies_confirmed(px_session *s, uint64_t seq, bool multiple,
@@ -1504,7 +1508,7 @@ static void copies_confirmed(px_session *s, uint64_t seq, bool multiple,
     return;
   }
   uint32_t i = op_lower_bound(s, seq);
-  if (i == s->ops.n || op_at(s, i)->seq != seq)
+  if (i == s->retry.ops.n || op_at(s, i)->seq != seq)
     return; /* already fallen back (confirm timeout) */
   /* bring it to the front, keeping the others in order */
   px_retry_op op = *op_at(s, i);
@@ -1515,12 +1519,12 @@ static void copies_confirmed(px_session *s, uint64_t seq, bool multiple,
 }
 
 void px_retry_deadline(px_session *s) {
-  if (s->own_blocked) /* the broker reads nothing: no copy is late */
+  if (s->retry.blocked) /* the broker reads nothing: no copy is late */
     return;
   uint64_t limit = (uint64_t)s->srv->cfg->retry_confirm_timeout_ms * 1000;
   uint64_t now = now_us(s);
   uint32_t n = 0;
-  while (n < s->ops.n && now - op_at(s, n)->started_us >= limit)
+  while (n < s->retry.ops.n && now - op_at(s, n)->started_us >= limit)
     n++;
   if (n)
     px_warn("retry_confirm_timeout", PX_U("id", s->id), PX_S("peer", s->peer),
@@ -1532,31 +1536,31 @@ void px_retry_deadline(px_session *s) {
 
 void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
                       const char *which) {
-  if (blocked == s->own_blocked)
+  if (blocked == s->retry.blocked)
     return;
   uint64_t now = now_ms(s);
-  s->own_blocked = blocked;
+  s->retry.blocked = blocked;
   if (blocked) {
-    s->blocked_since_ms = now;
+    s->retry.blocked_since_ms = now;
     s->srv->stats.upstream_blocked_total++;
     px_warn("upstream_blocked", PX_U("id", s->id), PX_S("peer", s->peer),
             PX_S("connection", which), PX_B("reason", reason.ptr, reason.len),
-            PX_U("copies_waiting", s->ops.n),
+            PX_U("copies_waiting", s->retry.ops.n),
             PX_S("note", "retries wait until the broker unblocks it"));
     return;
   }
   px_info("upstream_unblocked", PX_U("id", s->id), PX_S("peer", s->peer),
           PX_S("connection", which),
-          PX_U("blocked_ms", now - s->blocked_since_ms));
+          PX_U("blocked_ms", now - s->retry.blocked_since_ms));
   /* copies in flight get a whole confirm timeout from now */
   uint64_t us = now_us(s);
-  for (uint32_t i = 0; i < s->ops.n; i++)
+  for (uint32_t i = 0; i < s->retry.ops.n; i++)
     op_at(s, i)->started_us = us;
   arm_deadline(s);
   own_ready(s);
   /* those still not retried (rebound's channel is not ready) wait for
    * their tier delay from now, as any held-back requeue */
-  for (uint32_t i = 0; i < s->defers.n; i++) {
+  for (uint32_t i = 0; i < s->retry.defers.n; i++) {
     px_defer *f = defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f->client_ch);
     px_delivery *d = c ? px_track_find(c, f->tag) : NULL;
@@ -1567,7 +1571,7 @@ void px_retry_blocked(px_session *s, bool blocked, amqp_bytes reason,
 }
 
 static void copy_returned(px_session *s, amqp_bytes routing_key) {
-  for (uint32_t i = 0; i < s->ops.n; i++) {
+  for (uint32_t i = 0; i < s->retry.ops.n; i++) {
     px_retry_op *op = op_at(s, i);
     if (!op->returned && amqp_bytes_eq(routing_key, amqp_cstr(op->target))) {
       op->returned = true;
@@ -1582,10 +1586,10 @@ static void copy_returned(px_session *s, amqp_bytes routing_key) {
     alt_key(s, name, key, sizeof key);
     list_remove(&s->srv->as_is, &s->srv->nas_is, key);
   }
-  for (uint32_t i = 0; i < s->ndeclared; i++)
-    if (amqp_bytes_eq(routing_key, amqp_cstr(s->declared[i]))) {
-      free(s->declared[i]);
-      s->declared[i] = s->declared[--s->ndeclared];
+  for (uint32_t i = 0; i < s->retry.ndeclared; i++)
+    if (amqp_bytes_eq(routing_key, amqp_cstr(s->retry.declared[i]))) {
+      free(s->retry.declared[i]);
+      s->retry.declared[i] = s->retry.declared[--s->retry.ndeclared];
       break;
     }
 }
@@ -1619,7 +1623,7 @@ static bool adapt_type(px_session *s, const char *q) {
   px_server *srv = s->srv;
   char key[RETRY_NAME_MAX + sizeof s->vhost + 24];
   alt_key(s, q, key, sizeof key);
-  bool used_alt = in_list(s->alt_declared, s->nalt_declared, q);
+  bool used_alt = in_list(s->retry.alt_declared, s->retry.nalt_declared, q);
   bool now_alt = in_list(srv->alt_types, srv->nalt_types, key);
   if (used_alt != now_alt)
     return true;
@@ -1671,18 +1675,19 @@ static bool own_lost(px_session *s, uint16_t code, amqp_bytes text) {
   bool named = closed_queue(text, q);
   /* the refused declare went out just before the first copy to its
    * queue: that copy and every later one were discarded */
-  uint32_t k = s->ops.n;
-  for (uint32_t i = 0; named && i < s->ops.n && k == s->ops.n; i++)
+  uint32_t k = s->retry.ops.n;
+  for (uint32_t i = 0; named && i < s->retry.ops.n && k == s->retry.ops.n; i++)
     if (strcmp(op_at(s, i)->target, q) == 0)
       k = i;
   if (named && (code == AMQP_REPLY_PRECONDITION_FAILED ||
                 code == AMQP_REPLY_ACCESS_REFUSED ||
                 code == AMQP_REPLY_RESOURCE_LOCKED)) {
-    adapted = code == AMQP_REPLY_PRECONDITION_FAILED &&
-              (adapt_type(s, q) ||
-               (k < s->ops.n && op_at(s, k)->dead_letter && use_as_is(s, q)));
+    adapted =
+        code == AMQP_REPLY_PRECONDITION_FAILED &&
+        (adapt_type(s, q) ||
+         (k < s->retry.ops.n && op_at(s, k)->dead_letter && use_as_is(s, q)));
     if (!adapted) {
-      list_add(&s->broken, &s->nbroken, q);
+      list_add(&s->retry.broken, &s->retry.nbroken, q);
       s->srv->stats.topology_errors++;
       px_error("retry_topology_error", PX_U("id", s->id), PX_S("peer", s->peer),
                PX_S("queue", q), PX_U("code", code),
@@ -1692,32 +1697,32 @@ static bool own_lost(px_session *s, uint16_t code, amqp_bytes text) {
                             "arguments rebound uses"));
     }
   }
-  list_free(&s->declared, &s->ndeclared);
-  list_free(&s->alt_declared, &s->nalt_declared);
+  list_free(&s->retry.declared, &s->retry.ndeclared);
+  list_free(&s->retry.alt_declared, &s->retry.nalt_declared);
   finish_prefix(s, k, false, WHY(CHANNEL_LOST));
-  finish_prefix(s, s->ops.n, false, WHY(DISCARDED));
+  finish_prefix(s, s->retry.ops.n, false, WHY(DISCARDED));
   unpark_to_defers(s);
   return adapted;
 }
 
 uint32_t px_retry_pending(const px_session *s) {
-  uint32_t n = s->ops.n + s->parked.n;
+  uint32_t n = s->retry.ops.n + s->retry.parked.n;
   if (px_own_opening(s))
-    n += px_own_nwaiters(s) + s->defers.n + s->lost_waiting;
+    n += px_own_nwaiters(s) + s->retry.defers.n + s->retry.lost_waiting;
   return n;
 }
 
 /* rebound's channel is ready (again): requeues held back for it get their
  * counted retry now. */
 static void own_ready(px_session *s) {
-  if (s->ops.n == 0)
+  if (s->retry.ops.n == 0)
     unpark(s);
-  if (s->lost_waiting && px_own_is_ready(s) && !s->own_blocked) {
-    s->lost_waiting = false;
+  if (s->retry.lost_waiting && px_own_is_ready(s) && !s->retry.blocked) {
+    s->retry.lost_waiting = false;
     lost_scan(s);
   }
   for (uint32_t i = 0;
-       i < s->defers.n && px_own_is_ready(s) && !s->own_blocked;) {
+       i < s->retry.defers.n && px_own_is_ready(s) && !s->retry.blocked;) {
     px_defer f = *defer_at(s, i);
     px_chan *c = px_tab_get(&s->by_client, f.client_ch);
     px_delivery *d = f.retry && c && c->gen == f.gen && c->state == PX_CH_OPEN
@@ -1734,8 +1739,9 @@ static void own_ready(px_session *s) {
       i++;
       continue;
     }
-    *defer_at(s, i) = *defer_at(s, s->defers.n - 1); /* order does not matter */
-    s->defers.n--;
+    *defer_at(s, i) =
+        *defer_at(s, s->retry.defers.n - 1); /* order does not matter */
+    s->retry.defers.n--;
     c->track.defers_pending--;
   }
   arm_defer_timer(s);
@@ -1748,7 +1754,7 @@ int px_retry_own_event(px_session *s, const px_own_event *ev) {
     return PX_STOP;
   case PX_OWN_EV_READY:
     own_ready(s);
-    px_own_after_ready(s);
+    px_own_after_ready(s, s->retry.ops.n == 0);
     break;
   case PX_OWN_EV_CONFIRM:
     copies_confirmed(s, ev->seq, ev->multiple, ev->ok);
@@ -1779,4 +1785,14 @@ void px_retry_pub_lost(px_session *s, const char *why, amqp_bytes text) {
   if (px_own_pub_lost_after(s, &l, why, text, &ms))
     px_own_reopen_after(s, ms);
   px_own_waiting(s);
+}
+
+void px_retry_init(px_session *s, px_timer_fn deadline, px_timer_fn defer) {
+  px_timer_init(&s->retry.deadline, deadline, s);
+  px_timer_init(&s->retry.defer, defer, s);
+}
+
+void px_retry_session_closed(px_session *s) {
+  px_timer_close(&s->srv->clock, &s->retry.deadline);
+  px_timer_close(&s->srv->clock, &s->retry.defer);
 }

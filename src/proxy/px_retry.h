@@ -78,11 +78,28 @@ uint32_t px_retry_pending(const px_session *s);
 bool px_retry_unpark(px_session *s);
 void px_retry_free(px_session *s);
 
-/* The retry timer (s->retry_timer) came: copies not confirmed in time
- * fall back. */
+/* Its two timers call `deadline` (copies not confirmed in time: then
+ * px_retry_deadline()) and `defer` (held-back requeues due: then
+ * px_retry_defer_due()), the session's, which end the event after. */
+void px_retry_init(px_session *s, px_timer_fn deadline, px_timer_fn defer);
+/* The session closes: its timers stop for good. */
+void px_retry_session_closed(px_session *s);
+/* The confirm deadline came: copies not confirmed in time fall back. */
 void px_retry_deadline(px_session *s);
-/* The defer timer (s->defer_timer) came: requeues whose delay has passed
- * go to the broker, and rebound's channel reopens if that is due. */
+/* The defer timer came: requeues whose delay has passed go to the
+ * broker. */
 void px_retry_defer_due(px_session *s);
+
+/* Copies waiting for their confirm; requeues held back for a delay; the
+ * broker blocking the connection of rebound's channel. */
+static inline uint32_t px_retry_in_flight(const px_session *s) {
+  return s->retry.ops.n;
+}
+static inline uint32_t px_retry_delayed(const px_session *s) {
+  return s->retry.defers.n;
+}
+static inline bool px_retry_blocked_now(const px_session *s) {
+  return s->retry.blocked;
+}
 
 #endif

@@ -120,8 +120,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
           PX_S("reason", px_close_text(s->close_reason)));
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
   px_life_phase(s, PX_PHASE_CLOSED);
-  px_timer_close(clock, &s->retry_timer);
-  px_timer_close(clock, &s->defer_timer);
+  px_retry_session_closed(s);
   s->timer.fn = on_timers_closed; /* the phase timer's last use */
   px_timer_start(clock, &s->timer, 0);
   px_conn_close(&s->client);
@@ -208,7 +207,8 @@ static void on_client_dead_timeout(px_session *s) {
 static void client_write_failed(px_session *s, int err) {
   client_stop_writing(s);
   px_info("client_write_failed", PX_U("id", s->id), PX_S("peer", s->peer),
-          PX_S("error", uv_strerror(err)), PX_U("pending", s->ops.n));
+          PX_S("error", uv_strerror(err)),
+          PX_U("pending", px_retry_in_flight(s)));
   px_life_note(s, PX_CR_CLIENT_WRITE_FAILED);
   px_life_phase(s, PX_PHASE_CLIENT_DEAD);
   px_conn_resume(&s->client);
@@ -1144,8 +1144,7 @@ static px_session *session_alloc(px_server *srv) {
   s->srv = srv;
   s->pub_events = &pub_events;
   px_timer_init(&s->timer, on_phase_timer, s);
-  px_timer_init(&s->retry_timer, on_retry_deadline, s);
-  px_timer_init(&s->defer_timer, on_defer_timer, s);
+  px_retry_init(s, on_retry_deadline, on_defer_timer);
   px_own_init(s, on_own_reopen);
   px_conn_init(&s->client, "client", &conn_events, s);
   px_conn_init(&s->upstream, "upstream", &conn_events, s);
@@ -1241,14 +1240,14 @@ void px_session_snapshot(const px_session *s, px_session_snap *out) {
       .channels = s->nchans,
       .bytes_from_client = s->client.bytes_in,
       .bytes_to_client = s->client.bytes_out,
-      .retries_pending = s->ops.n,
-      .requeues_delayed = s->defers.n,
+      .retries_pending = px_retry_in_flight(s),
+      .requeues_delayed = px_retry_delayed(s),
       .cache_bytes = s->cache_bytes,
       .retry_connection = px_own_pub_up(s)     ? "separate"
                           : px_own_uses_pub(s) ? "opening"
                                                : "shared",
       .retry_connection_open = px_own_pub_up(s),
-      .blocked = s->own_blocked,
+      .blocked = px_retry_blocked_now(s),
       .upstream_connected = s->upstream.connected,
   };
   memcpy(out->peer, s->peer, sizeof out->peer);

@@ -166,8 +166,7 @@ typedef struct px_session {
     } sa;
     bool tls;
   } up;
-  px_timer timer;       /* handshake, then close-ok wait */
-  px_timer retry_timer; /* the oldest copy's confirm deadline */
+  px_timer timer; /* handshake, then close-ok wait */
   unsigned open_handles;
   uint64_t started_ms;
   char peer[64];
@@ -213,34 +212,39 @@ typedef struct px_session {
     unsigned nwaiters;
   } own;
   bool broker_quorum_dlx; /* connection.start: RabbitMQ >= 3.10 */
-  bool own_blocked;       /* the broker blocks the connection of rebound's
-                             channel (resource alarm) */
-  uint64_t blocked_since_ms;
-  uint8_t *login_auth;  /* the client's start-ok mechanism, response and */
-  uint8_t *login_vhost; /* locale, and open's vhost (login's views) */
+  uint8_t *login_auth;    /* the client's start-ok mechanism, response and */
+  uint8_t *login_vhost;   /* locale, and open's vhost (login's views) */
   px_pub_login login;
 
-  /* retry path (px_retry.c) */
-  px_ring ops;    /* px_retry_op: copies awaiting the broker's confirm,
-                     in publish order */
-  px_ring defers; /* px_defer: requeues held back for the tier delay */
-  px_ring parked; /* px_defer: copies whose queue must be declared first,
-                     waiting for no copy to be in flight (px_retry.c) */
-  px_timer defer_timer;
-  char **declared; /* tier/DLQ queues declared on this connection */
-  uint32_t ndeclared;
-  char **broken; /* queues whose declare failed (pass-through) */
-  uint32_t nbroken;
-  char **alt_declared; /* declared here with the other type's arguments */
-  uint32_t nalt_declared;
-  bool next_again;   /* the copy being started is a republish */
-  bool lost_waiting; /* the client went while rebound's channel was opening:
-                        px_retry_consumer_lost() runs once it is ready */
-  bool late_settle_logged;  /* late_settle_swallowed written once */
-  uint64_t next_refused_ms; /* ... of a copy the broker nacked then */
-  uint64_t cache_bytes;     /* deliveries kept for retry */
-  uint64_t held_bytes;      /* client frames held on channels: they count
-                               against the upstream side's watermarks */
+  /* the retry path: px_retry.c's alone, every other module goes through
+   * px_retry.h (tools/struct_owners.py --check) */
+  struct {
+    px_ring ops;       /* px_retry_op: copies awaiting the broker's confirm,
+                          in publish order */
+    px_ring defers;    /* px_defer: requeues held back for the tier delay */
+    px_ring parked;    /* px_defer: copies whose queue must be declared
+                          first, waiting for no copy to be in flight */
+    px_timer deadline; /* the oldest copy's confirm deadline */
+    px_timer defer;    /* the next held-back requeue's */
+    char **declared;   /* tier/DLQ queues declared on this connection */
+    uint32_t ndeclared;
+    char **broken; /* queues whose declare failed (pass-through) */
+    uint32_t nbroken;
+    char **alt_declared; /* declared here with the other type's arguments */
+    uint32_t nalt_declared;
+    bool next_again;          /* the copy being started is a republish */
+    bool lost_waiting;        /* the client went while rebound's channel was
+                                 opening: px_retry_consumer_lost() runs once it
+                                 is ready */
+    bool late_settle_logged;  /* late_settle_swallowed written once */
+    uint64_t next_refused_ms; /* ... of a copy the broker nacked then */
+    bool blocked; /* the broker blocks the connection of rebound's channel
+                     (resource alarm) */
+    uint64_t blocked_since_ms;
+  } retry;
+  uint64_t cache_bytes; /* deliveries kept for retry */
+  uint64_t held_bytes;  /* client frames held on channels: they count
+                           against the upstream side's watermarks */
   /* The payload of a body frame read in two chunks, while it is
    * dispatched (its amqp_frame has payload.ptr NULL and the whole length;
    * px_frames.h) */
