@@ -132,7 +132,8 @@ void px_timer_start_at(px_clock *c, px_timer *t, uint64_t due_ms) {
     return; /* closed */
   if (t->started)
     unlink_timer(c, t);
-  t->due_ms = due_ms;
+  uint64_t now = px_clock_ms(c);
+  t->due_ms = due_ms > now ? due_ms : now; /* a past deadline is now */
   t->seq = ++c->seq;
   t->started = true;
   c->root = c->root ? meld(c->root, t) : t;

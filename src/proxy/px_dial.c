@@ -237,7 +237,7 @@ void px_dial_closed(px_dial *d) {
 }
 
 void px_dial_started(px_dial *d) {
-  if (d->done)
+  if (d->done || d->closed) /* closed: its timer is the release step */
     return;
   d->done = true;
   px_timer_stop(d->clock, &d->timer);

@@ -43,6 +43,14 @@ void px_own_session_closed(px_session *s) {
   s->own.pub_ready = false;
 }
 
+void px_own_reopen_if_due(px_session *s) {
+  px_timer *t = &s->own.reopen;
+  if (t->started && t->due_ms <= px_clock_ms(&s->srv->clock)) {
+    px_timer_stop(&s->srv->clock, t);
+    px_own_reopen(s);
+  }
+}
+
 void px_own_reopen_after(px_session *s, uint32_t ms) {
   px_timer_start(&s->srv->clock, &s->own.reopen, ms);
 }

@@ -55,6 +55,9 @@ const char *px_own_state_name(int state);
 void px_own_init(px_session *s, px_timer_fn reopen_due);
 /* The session closes: no reopen, the retry connection no longer up. */
 void px_own_session_closed(px_session *s);
+/* Reopen it now if its reopen is due (held-back requeues that came due
+ * in the same moment go first: what they release then waits for it). */
+void px_own_reopen_if_due(px_session *s);
 /* Reopen it after `ms` (px_own_reopen() from the timer). */
 void px_own_reopen_after(px_session *s, uint32_t ms);
 /* The publish sequence of the next copy on it; undo the last one (a copy

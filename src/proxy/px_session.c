@@ -1098,6 +1098,7 @@ static void on_own_reopen(px_timer *t) {
 
 static void on_defer_timer(px_timer *t) {
   px_retry_defer_due(t->data);
+  px_own_reopen_if_due(t->data); /* as one event: the requeues first */
   session_flush(t->data);
 }
 

@@ -160,6 +160,32 @@ static void test_started_from_a_callback(void **state) {
   assert_int_equal(px_clock_ms(&clk), t0 + 10);
 }
 
+/* A callback that starts timer 3 at a deadline already past. */
+static void starts_one_in_the_past(px_timer *t) {
+  on_fire(t);
+  px_timer_start_at(&clk, &timers[3], px_clock_ms(&clk) - 50);
+}
+
+/* A deadline already past is now: started from a callback, it neither
+ * jumps ahead of the timers due before it nor holds them back. */
+static void test_past_deadline_is_now(void **state) {
+  (void)state;
+  px_clock_init(&clk, NULL);
+  px_timer_init(&timers[0], starts_one_in_the_past, NULL);
+  px_timer_init(&timers[1], on_fire, NULL);
+  px_timer_init(&timers[3], on_fire, NULL);
+  px_timer_start(&clk, &timers[0], 0);
+  px_timer_start(&clk, &timers[1], 0);
+  nlog = 0;
+  px_clock_run(&clk); /* 0 and 1, due when the run began */
+  assert_int_equal(nlog, 2);
+  assert_int_equal(log_[1].id, 1);
+  assert_true(timers[3].due_ms == px_clock_ms(&clk));
+  px_clock_run(&clk);
+  assert_int_equal(nlog, 3);
+  assert_int_equal(log_[2].id, 3);
+}
+
 static void test_hand_set_clock_starts_late_and_moves(void **state) {
   (void)state;
   px_clock_init(&clk, NULL);
@@ -200,6 +226,7 @@ int main(void) {
       cmocka_unit_test(test_random_against_model),
       cmocka_unit_test(test_closed_timer_never_starts),
       cmocka_unit_test(test_started_from_a_callback),
+      cmocka_unit_test(test_past_deadline_is_now),
       cmocka_unit_test(test_hand_set_clock_starts_late_and_moves),
       cmocka_unit_test(test_on_a_loop),
   };
