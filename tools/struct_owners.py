@@ -12,6 +12,7 @@ the number of fields each file touches.
 
     tools/struct_owners.py [STRUCT [VAR]]
     tools/struct_owners.py --check
+    tools/struct_owners.py --self-test   (--check on a known tree)
 
 --check fails when a field a module owns (OWNED) is named by any other
 file (its own header's inline functions excepted): the owner's header is
@@ -21,16 +22,10 @@ import os
 import re
 import sys
 
+from check_layers import strip  # comments and literals blanked
+
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src",
                    "proxy")
-
-
-def strip(text):
-    """Comments, strings and character literals blanked, lines kept."""
-    return re.sub(r"/\*.*?\*/|//[^\n]*|'(?:\\.|[^'\\\n])*'|"
-                  r'"(?:\\.|[^"\\\n])*"',
-                  lambda m: re.sub(r"[^\n]", " ", m.group(0)), text,
-                  flags=re.S)
 
 
 def fields_of(header, name):
@@ -78,15 +73,15 @@ def fields_of(header, name):
 OWNED = {"own": "px_own.c", "retry": "px_retry.c"}
 
 
-def check():
-    files = sorted(f for f in os.listdir(SRC) if f.endswith((".c", ".h")))
+def check(src=SRC):
+    files = sorted(f for f in os.listdir(src) if f.endswith((".c", ".h")))
     bad = []
     for field, owner in OWNED.items():
         pat = re.compile(r"\bs->%s\b" % field)
         for f in files:
             if f in (owner, owner[:-2] + ".h"):
                 continue
-            text = strip(open(os.path.join(SRC, f)).read())
+            text = strip(open(os.path.join(src, f)).read())
             for line_no, line in enumerate(text.splitlines(), 1):
                 if pat.search(line):
                     bad.append("%s:%d: s->%s is %s's" % (f, line_no, field,
@@ -97,9 +92,38 @@ def check():
     return 1 if bad else 0
 
 
+def self_test():
+    """--check finds the one stray use in a known tree, and only it."""
+    import contextlib
+    import io
+    import tempfile
+    tree = {
+        "px_own.c": "void f(px_session *s) { s->own.ch = 1; }\n",
+        "px_own.h": "static inline int g(px_session *s) { return s->own.ch; }\n",
+        "px_retry.c": "void h(px_session *s) { s->retry.n = 0; }\n",
+        "px_frames.c": "/* s->own.ch */\nint k(px_session *s) {\n"
+                       "  return s->own.ch + px_own_ch(s); }\n",
+    }
+    with tempfile.TemporaryDirectory() as d:
+        for name, body in tree.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(body)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = check(d)
+    lines = out.getvalue().splitlines()
+    ok = rc == 1 and lines[:-1] == ["px_frames.c:3: s->own is px_own.c's"]
+    print("self-test %s" % ("passed" if ok else "FAILED"))
+    if not ok:
+        print("\n".join(lines))
+    return 0 if ok else 1
+
+
 def main():
     if sys.argv[1:] == ["--check"]:
         return check()
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     name = sys.argv[1] if len(sys.argv) > 1 else "px_session"
     var = sys.argv[2] if len(sys.argv) > 2 else {"px_session": "s",
                                                  "px_server": "srv"}[name]
