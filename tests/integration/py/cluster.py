@@ -41,18 +41,6 @@ DLX_CONFIRM_TIMEOUT_MS = 10000
 MEMBERSHIP_TIMEOUT = 60
 
 
-def _read_env(state_dir):
-    """The RABBITMQ_* settings broker.sh wrote into DIR/env."""
-    out = {}
-    with open(os.path.join(state_dir, "env")) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("export ") and "=" in line:
-                k, v = line[len("export "):].split("=", 1)
-                out[k] = v
-    return out
-
-
 class Node:
     """One node of the cluster: its directory, name and broker handle."""
 
@@ -93,7 +81,7 @@ class Node:
     def _started(self, out):
         url = [l for l in out.splitlines()
                if l.startswith("REBOUND_TEST_BROKER=")][-1].split("=", 1)[1]
-        env = _read_env(self.dir)
+        env = rbtest.broker_env(self.dir)
         name = env["RABBITMQ_NODENAME"]
         if self.name is not None:
             # a new port would be a new node name: a stranger to the cluster

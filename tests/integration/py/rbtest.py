@@ -148,14 +148,7 @@ class Broker:
     def env(self):
         """The variables scripts/broker.sh wrote for this node (its TLS and
         metrics ports among them); {} for a broker it did not start."""
-        env = {}
-        path = os.path.join(self.dir or "", "env")
-        if os.path.exists(path):
-            for line in open(path):
-                if line.startswith("export ") and "=" in line:
-                    k, v = line[7:].strip().split("=", 1)
-                    env[k] = v
-        return env
+        return broker_env(self.dir)
 
     def ctl(self, *args, timeout=60):
         if not self.ctl_path or not os.path.exists(self.ctl_path):
@@ -217,6 +210,18 @@ class Broker:
 
     def queue_names(self):
         return {r[0] for r in self._rows("list_queues", "name")}
+
+
+def broker_env(state_dir):
+    """The variables scripts/broker.sh wrote into DIR/env ({} if none)."""
+    env = {}
+    path = os.path.join(state_dir or "", "env")
+    if os.path.exists(path):
+        for line in open(path):
+            if line.startswith("export ") and "=" in line:
+                k, v = line[7:].strip().split("=", 1)
+                env[k] = v
+    return env
 
 
 def broker_from_env():
