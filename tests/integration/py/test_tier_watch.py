@@ -10,7 +10,6 @@ demand (the cluster test in test_cluster.py makes a real one): here the
 stuck copy is one the test puts into the tier with a last-failed-at ten
 minutes ago, which is what such a copy looks like to rebound."""
 import datetime
-import http.client
 import json
 import os
 import re
@@ -286,12 +285,8 @@ def test_alert_rules_use_exported_metrics(rebound_factory):
 
 def scrape(port, path):
     """{series: value} of a Prometheus text page, series as written."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", path)
-    r = c.getresponse()
-    body = r.read().decode()
-    c.close()
-    assert r.status == 200, (path, r.status, body[:200])
+    status, _, body = get(port, path)
+    assert status == 200, (path, status, body[:200])
     out = {}
     for line in body.splitlines():
         if line and not line.startswith("#"):
