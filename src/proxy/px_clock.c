@@ -156,6 +156,11 @@ void px_timer_close(px_clock *c, px_timer *t) {
   t->fn = NULL;
 }
 
+void px_timer_finally(px_clock *c, px_timer *t, px_timer_fn fn) {
+  t->fn = fn;
+  px_timer_start(c, t, 0);
+}
+
 uint64_t px_clock_next(const px_clock *c) {
   return c->root ? c->root->due_ms : UINT64_MAX;
 }

@@ -92,6 +92,10 @@ void px_timer_start_at(px_clock *c, px_timer *t, uint64_t due_ms);
 void px_timer_stop(px_clock *c, px_timer *t);
 /* Stop `t` for good: a closed timer no longer starts. */
 void px_timer_close(px_clock *c, px_timer *t);
+/* The last use of `t`: the clock calls `fn` with it once, from the loop
+ * (as libuv calls a handle's close callback, never inside this call);
+ * `fn` closes it. */
+void px_timer_finally(px_clock *c, px_timer *t, px_timer_fn fn);
 
 /* The earliest deadline of a started timer; UINT64_MAX when none is. */
 uint64_t px_clock_next(const px_clock *c);

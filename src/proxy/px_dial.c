@@ -268,7 +268,5 @@ void px_dial_close(px_dial *d) {
     uv_freeaddrinfo(d->ai);
     d->ai = d->next_ai = NULL;
   }
-  px_timer_stop(d->clock, &d->timer);
-  d->timer.fn = on_timer_closed;
-  px_timer_start(d->clock, &d->timer, 0);
+  px_timer_finally(d->clock, &d->timer, on_timer_closed);
 }

@@ -121,8 +121,7 @@ void px_session_close(px_session *s, px_close_reason reason) {
   px_metrics_inc(s->srv, PX_M_CLOSES, px_close_text(s->close_reason), NULL);
   px_life_phase(s, PX_PHASE_CLOSED);
   px_retry_session_closed(s);
-  s->timer.fn = on_timers_closed; /* the phase timer's last use */
-  px_timer_start(clock, &s->timer, 0);
+  px_timer_finally(clock, &s->timer, on_timers_closed);
   px_conn_close(&s->client);
   px_conn_close(&s->upstream);
   px_pub_close(s->out.pub);
