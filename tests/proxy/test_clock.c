@@ -80,13 +80,19 @@ static void advance_and_check(uint64_t ms) {
   assert_true(px_clock_next(&clk) == next);
 }
 
+/* A hand-set clock; every timer on_fire, but timer 0 `first`. */
+static void fresh_clock(px_timer_fn first) {
+  px_clock_init(&clk, NULL);
+  for (int i = 0; i < NT; i++)
+    px_timer_init(&timers[i], i ? on_fire : first, NULL);
+  nlog = 0;
+}
+
 static void test_random_against_model(void **state) {
   (void)state;
-  px_clock_init(&clk, NULL);
-  for (int i = 0; i < NT; i++) {
-    px_timer_init(&timers[i], on_fire, NULL);
+  fresh_clock(on_fire);
+  for (int i = 0; i < NT; i++)
     due[i] = UINT64_MAX;
-  }
   for (int step = 0; step < 20000; step++) {
     int i = (int)(rnd() % NT);
     switch (rnd() % 8) {
@@ -119,9 +125,7 @@ static void test_random_against_model(void **state) {
 
 static void test_closed_timer_never_starts(void **state) {
   (void)state;
-  px_clock_init(&clk, NULL);
-  px_timer_init(&timers[0], on_fire, NULL);
-  px_timer_init(&timers[1], on_fire, NULL);
+  fresh_clock(on_fire);
   px_timer_start(&clk, &timers[0], 10);
   px_timer_start(&clk, &timers[1], 20);
   px_timer_close(&clk, &timers[0]);
@@ -141,10 +145,7 @@ static void starts_others(px_timer *t) {
 
 static void test_started_from_a_callback(void **state) {
   (void)state;
-  px_clock_init(&clk, NULL);
-  px_timer_init(&timers[0], starts_others, NULL);
-  px_timer_init(&timers[1], on_fire, NULL);
-  px_timer_init(&timers[2], on_fire, NULL);
+  fresh_clock(starts_others);
   uint64_t t0 = px_clock_ms(&clk);
   px_timer_start(&clk, &timers[0], 0);
   nlog = 0;
@@ -170,10 +171,7 @@ static void starts_one_in_the_past(px_timer *t) {
  * jumps ahead of the timers due before it nor holds them back. */
 static void test_past_deadline_is_now(void **state) {
   (void)state;
-  px_clock_init(&clk, NULL);
-  px_timer_init(&timers[0], starts_one_in_the_past, NULL);
-  px_timer_init(&timers[1], on_fire, NULL);
-  px_timer_init(&timers[3], on_fire, NULL);
+  fresh_clock(starts_one_in_the_past);
   px_timer_start(&clk, &timers[0], 0);
   px_timer_start(&clk, &timers[1], 0);
   nlog = 0;

@@ -17,6 +17,72 @@
 
 #include "session_test.h"
 
+/* An open connection (frame-max `frame_max`; rebound's channel is 10),
+ * channel 1 consuming from q, and `n` deliveries of "hello" with `props`
+ * (may be NULL), which the client has received. */
+static void consuming(harness *h, uint32_t frame_max, const amqp_props *props,
+                      unsigned n) {
+  h_open(h, 10, frame_max);
+  h_channel(h, 1, 1);
+  h_consume(h, 1, 1, "q", "c1");
+  for (unsigned t = 1; t <= n; t++)
+    h_deliver(h, 1, "c1", t, props, "hello", 5);
+  h_settle(h);
+  h_skip(h, H_CLIENT);
+}
+
+/* Headers holding an x-death of `filler` bytes, then `extra` = "kept"
+ * (when not NULL), written into `table`. */
+static amqp_props xdeath_headers(uint8_t *table, size_t cap, size_t filler,
+                                 const char *extra) {
+  static uint8_t d[8192];
+  memset(d, 'd', sizeof d);
+  assert_true(filler <= sizeof d);
+  amqp_writer w = amqp_writer_make(table, cap);
+  amqp_field f = amqp_field_string((amqp_bytes){d, filler});
+  amqp_table_write_entry(&w, amqp_cstr("x-death"), &f);
+  if (extra) {
+    f = amqp_field_string(amqp_cstr("kept"));
+    amqp_table_write_entry(&w, amqp_cstr(extra), &f);
+  }
+  assert_false(w.failed);
+  amqp_props props = {0};
+  props.flags = AMQP_P_HEADERS;
+  props.headers = (amqp_bytes){table, w.len};
+  return props;
+}
+
+/* The next frame `side` received must read `line`: its bytes, and its
+ * payload (the frame without its header and end octet). */
+static amqp_bytes next_frame(harness *h, h_side side, const char *line,
+                             size_t *frame_len) {
+  const uint8_t *raw;
+  size_t len;
+  char got[512];
+  h_settle(h);
+  assert_true(h_next(h, side, got, sizeof got, &raw, &len));
+  assert_string_equal(got, line);
+  *frame_len = len;
+  return (amqp_bytes){raw + 7, len - AMQP_FRAME_OVERHEAD};
+}
+
+/* The copy of "hello" again to q.retry.1s on rebound's channel, and its
+ * confirm (publish sequence `seq`): only then the original is acked,
+ * counted as one retry. */
+static void expect_copy_confirmed(harness *h, uint64_t seq) {
+  h_expect(h, H_BROKER,
+           "ch10 basic.publish exchange= rk=q.retry.1s "
+           "mandatory=1");
+  h_expect(h, H_BROKER, "ch10 header size=5");
+  h_expect(h, H_BROKER, "ch10 body len=5");
+  h_expect_none(h, H_BROKER); /* the original is not acked yet */
+  h_ack(h, H_BROKER, 10, seq, false);
+  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
+  h_expect_none(h, H_BROKER);
+  h_expect_none(h, H_CLIENT);
+  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+}
+
 /* ---- backpressure ------------------------------------------------------ */
 
 /* A client that reads nothing: once more than the high-water mark waits
@@ -83,26 +149,16 @@ static void test_broker_header_over_frame_max_passes(void **state) {
   static const char *const args[] = {NULL};
   harness *h = start(state, args);
   enum { FRAME_MAX = 4096 };
-  uint8_t table[8192], filler[6000];
-  memset(filler, 'd', sizeof filler);
-  amqp_writer w = amqp_writer_make(table, sizeof table);
-  amqp_field f = amqp_field_string((amqp_bytes){filler, sizeof filler});
-  amqp_table_write_entry(&w, amqp_cstr("x-death"), &f);
-  assert_false(w.failed);
-  amqp_props props = {0};
-  props.flags = AMQP_P_HEADERS;
-  props.headers = (amqp_bytes){table, w.len};
+  uint8_t table[8192];
+  amqp_props props = xdeath_headers(table, sizeof table, 6000, NULL);
 
   h_open(h, 10, FRAME_MAX);
   h_channel(h, 1, 1);
   h_consume(h, 1, 1, "q", "c1");
   h_deliver(h, 1, "c1", 1, &props, "hello", 5);
   h_expect(h, H_CLIENT, "ch1 basic.deliver tag=1");
-  const uint8_t *raw;
   size_t len;
-  char line[512];
-  assert_true(h_next(h, H_CLIENT, line, sizeof line, &raw, &len));
-  assert_string_equal(line, "ch1 header size=5");
+  next_frame(h, H_CLIENT, "ch1 header size=5", &len);
   assert_true(len > FRAME_MAX);
   h_expect(h, H_CLIENT, "ch1 body len=5");
   h_expect_none(h, H_CLIENT);
@@ -118,12 +174,8 @@ static void test_broker_header_over_frame_max_passes(void **state) {
 static void test_returned_copy_declared_again(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
-  assert_int_equal(h_open(h, 10, 131072), 10);
-  h_channel(h, 1, 1);
-  h_consume(h, 1, 1, "q", "c1");
-  h_deliver(h, 1, "c1", 1, NULL, "hello", 5);
-  h_settle(h);
-  h_skip(h, H_CLIENT);
+  consuming(h, 131072, NULL, 1);
+  assert_int_equal(h->own_ch, 10);
   h_nack(h, H_CLIENT, 1, 1, false, true);
   h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
   h_expect(h, H_BROKER,
@@ -144,17 +196,7 @@ static void test_returned_copy_declared_again(void **state) {
   h_ack(h, H_BROKER, 10, 1, false);
 
   h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
-  h_expect(h, H_BROKER,
-           "ch10 basic.publish exchange= rk=q.retry.1s "
-           "mandatory=1");
-  h_expect(h, H_BROKER, "ch10 header size=5");
-  h_expect(h, H_BROKER, "ch10 body len=5");
-  h_expect_none(h, H_BROKER); /* the original is not acked yet */
-  h_ack(h, H_BROKER, 10, 2, false);
-  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
-  h_expect_none(h, H_BROKER);
-  h_expect_none(h, H_CLIENT);
-  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+  expect_copy_confirmed(h, 2);
 }
 
 /* ---- the broker's x-death history -----------------------------------------
@@ -169,37 +211,18 @@ static void test_oversize_history_left_out_of_the_dead_letter(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
   enum { FRAME_MAX = 4096 };
-  uint8_t table[8192], filler[5000];
-  memset(filler, 'd', sizeof filler);
-  amqp_writer w = amqp_writer_make(table, sizeof table);
-  amqp_field f = amqp_field_string((amqp_bytes){filler, sizeof filler});
-  amqp_table_write_entry(&w, amqp_cstr("x-death"), &f);
-  f = amqp_field_string(amqp_cstr("kept"));
-  amqp_table_write_entry(&w, amqp_cstr("app"), &f);
-  assert_false(w.failed);
-  amqp_props props = {0};
-  props.flags = AMQP_P_HEADERS;
-  props.headers = (amqp_bytes){table, w.len};
+  uint8_t table[8192];
+  amqp_props props = xdeath_headers(table, sizeof table, 5000, "app");
 
-  h_open(h, 10, FRAME_MAX);
-  h_channel(h, 1, 1);
-  h_consume(h, 1, 1, "q", "c1");
-  h_deliver(h, 1, "c1", 1, &props, "hello", 5);
-  h_settle(h);
-  h_skip(h, H_CLIENT);
+  consuming(h, FRAME_MAX, &props, 1);
   h_nack(h, H_CLIENT, 1, 1, false, true);
   h_expect(h, H_BROKER, "ch10 queue.declare queue=q.dlq");
   h_expect(h, H_BROKER, "ch10 basic.publish exchange= rk=q.dlq mandatory=1");
-  const uint8_t *raw;
   size_t len;
-  char line[512];
-  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
-  assert_string_equal(line, "ch10 header size=5");
+  amqp_bytes header = next_frame(h, H_BROKER, "ch10 header size=5", &len);
   assert_true(len <= FRAME_MAX);
   amqp_content_header ch;
-  assert_int_equal(amqp_content_header_decode(
-                       (amqp_bytes){raw + 7, len - AMQP_FRAME_OVERHEAD}, &ch),
-                   AMQP_OK);
+  assert_int_equal(amqp_content_header_decode(header, &ch), AMQP_OK);
   amqp_field v;
   assert_int_not_equal(
       amqp_table_get(ch.props.headers, amqp_cstr("x-death"), &v), AMQP_OK);
@@ -217,13 +240,11 @@ static void test_oversize_history_left_out_of_the_dead_letter(void **state) {
 /* ---- a tier of the other queue type ----------------------------------------
  */
 
-/* Whether the queue.declare frame `raw` asks for a quorum queue. */
-static bool declares_quorum(const uint8_t *raw, size_t len) {
+/* Whether the queue.declare `payload` asks for a quorum queue. */
+static bool declares_quorum(amqp_bytes payload) {
   amqp_method m;
   amqp_field v;
-  assert_int_equal(
-      amqp_method_decode((amqp_bytes){raw + 7, len - AMQP_FRAME_OVERHEAD}, &m),
-      AMQP_OK);
+  assert_int_equal(amqp_method_decode(payload, &m), AMQP_OK);
   assert_int_equal(m.id, AMQP_QUEUE_DECLARE);
   return amqp_table_get(m.args[AMQP_F_QUEUE_DECLARE_ARGUMENTS].b,
                         amqp_cstr("x-queue-type"), &v) == AMQP_OK;
@@ -237,20 +258,11 @@ static bool declares_quorum(const uint8_t *raw, size_t len) {
 static void test_tier_of_the_other_type_is_adapted_to(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
-  h_open(h, 10, 131072);
-  h_channel(h, 1, 1);
-  h_consume(h, 1, 1, "q", "c1");
-  h_deliver(h, 1, "c1", 1, NULL, "hello", 5);
-  h_settle(h);
-  h_skip(h, H_CLIENT);
+  consuming(h, 131072, NULL, 1);
   h_nack(h, H_CLIENT, 1, 1, false, true);
-  const uint8_t *raw;
   size_t len;
-  char line[512];
-  h_settle(h);
-  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
-  assert_string_equal(line, "ch10 queue.declare queue=q.retry.1s");
-  bool quorum = declares_quorum(raw, len);
+  bool quorum = declares_quorum(
+      next_frame(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s", &len));
   h_skip(h, H_BROKER); /* the copy */
 
   h_close(h, H_BROKER, 10, 406,
@@ -261,21 +273,10 @@ static void test_tier_of_the_other_type_is_adapted_to(void **state) {
   h_simple(h, H_BROKER, 10, AMQP_CHANNEL_OPEN_OK);
   h_expect(h, H_BROKER, "ch10 confirm.select");
   h_simple(h, H_BROKER, 10, AMQP_CONFIRM_SELECT_OK);
-  h_settle(h);
-  assert_true(h_next(h, H_BROKER, line, sizeof line, &raw, &len));
-  assert_string_equal(line, "ch10 queue.declare queue=q.retry.1s");
-  assert_true(declares_quorum(raw, len) != quorum);
-  h_expect(h, H_BROKER,
-           "ch10 basic.publish exchange= rk=q.retry.1s "
-           "mandatory=1");
-  h_expect(h, H_BROKER, "ch10 header size=5");
-  h_expect(h, H_BROKER, "ch10 body len=5");
-  h_expect_none(h, H_BROKER);
-  h_ack(h, H_BROKER, 10, 1, false);
-  h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
-  h_expect_none(h, H_BROKER);
-  h_expect_none(h, H_CLIENT);
-  assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
+  assert_true(declares_quorum(next_frame(h, H_BROKER,
+                                         "ch10 queue.declare queue=q.retry.1s",
+                                         &len)) != quorum);
+  expect_copy_confirmed(h, 1);
 }
 
 /* ---- a requeue inside a transaction -----------------------------------------
@@ -289,13 +290,7 @@ static void test_tier_of_the_other_type_is_adapted_to(void **state) {
 static void test_requeue_inside_a_transaction(void **state) {
   static const char *const args[] = {POLICY, NULL};
   harness *h = start(state, args);
-  h_open(h, 10, 131072);
-  h_channel(h, 1, 1);
-  h_consume(h, 1, 1, "q", "c1");
-  h_deliver(h, 1, "c1", 1, NULL, "one", 3);
-  h_deliver(h, 1, "c1", 2, NULL, "two", 3);
-  h_settle(h);
-  h_skip(h, H_CLIENT);
+  consuming(h, 131072, NULL, 2);
   h_simple(h, H_CLIENT, 1, AMQP_TX_SELECT);
   h_expect(h, H_BROKER, "ch1 tx.select");
   h_simple(h, H_BROKER, 1, AMQP_TX_SELECT_OK);
@@ -304,7 +299,7 @@ static void test_requeue_inside_a_transaction(void **state) {
   h_nack(h, H_CLIENT, 1, 1, false, true);
   h_simple(h, H_CLIENT, 1, AMQP_TX_COMMIT);
   h_expect(h, H_BROKER, "ch10 queue.declare queue=q.retry.1s");
-  h_skip_until(h, H_BROKER, "ch10 body len=3");
+  h_skip_until(h, H_BROKER, "ch10 body len=5");
   h_expect_none(h, H_BROKER); /* the commit waits for the copy */
   h_ack(h, H_BROKER, 10, 1, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=1 multiple=0");
@@ -314,7 +309,7 @@ static void test_requeue_inside_a_transaction(void **state) {
   assert_int_equal(h_metric(h, PX_M_RETRIES, "q", "1s"), 1);
 
   h_nack(h, H_CLIENT, 1, 2, false, true);
-  h_skip_until(h, H_BROKER, "ch10 body len=3");
+  h_skip_until(h, H_BROKER, "ch10 body len=5");
   h_ack(h, H_BROKER, 10, 2, false);
   h_expect(h, H_BROKER, "ch1 basic.ack tag=2 multiple=0");
   h_simple(h, H_CLIENT, 1, AMQP_TX_ROLLBACK);
