@@ -73,6 +73,15 @@ def free_port(host="127.0.0.1"):
             return port
 
 
+def pid_alive(pid):
+    """pid runs (a zombie has exited)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def raise_nofile():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:

@@ -80,14 +80,7 @@ def test_a_killed_test_leaves_no_server_behind(tmp_path):
                        timeout=120)
 
 
-def alive(pid):
-    """pid runs (a zombie does not count)."""
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            return not any(line.startswith("State:") and "Z" in line.split()[1]
-                           for line in f)
-    except OSError:
-        return False
+alive = rbtest.pid_alive
 
 
 def watchers(state):

@@ -55,13 +55,7 @@ def pids(rb):
     return [st["pid"]] + [w["pid"] for w in st["workers"]]
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open("/proc/%d/stat" % pid) as f:  # a zombie has exited
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+alive = rbtest.pid_alive
 
 
 def test_connections_land_on_every_worker(rebound_factory, broker):
